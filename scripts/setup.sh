@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Creates (or refreshes) .venv with a CPU build of torch and the project with its CPU extras.
+# Sourced by scripts/test.sh and scripts/train.sh; safe to run again (it skips work already done).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON=${PYTHON:-python3}
+EXTRAS=${GAGPO_EXTRAS:-test,dev,alfworld,webshop}
+if [ ! -x .venv/bin/python ]; then
+    echo "[setup] creating .venv with $($PYTHON --version)"
+    "$PYTHON" -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+
+stamp=.venv/.gagpo-installed
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $EXTRAS"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if ! python -c "import torch" 2>/dev/null; then
+    # A plain `torch` would pull a multi-GB CUDA build; 2.13.0 resolves to the CPU build on CPU machines here.
+    # GPU users: install the torch build for your CUDA first; it is kept.
+    echo "[setup] installing torch (CPU build)"
+    pip install -q "torch==${GAGPO_TORCH_VERSION:-2.13.0}"
+fi
+echo "[setup] installing gagpo-rllib[$EXTRAS] (the alfworld extra builds its planner from source: a few minutes)"
+pip install -q -e ".[$EXTRAS]"
+echo "$want" > "$stamp"
