@@ -1,0 +1,6 @@
+"""The built-in maze: a fast multi-turn text environment for CPU learning checks."""
+
+from envs.maze.env import MazeEnv
+from envs.maze.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
+
+__all__ = ["FIRST_PROMPT_TEMPLATE", "PROMPT_TEMPLATE", "MazeEnv"]
