@@ -1,0 +1,72 @@
+"""Constrained decoding to the admissible actions: a token trie shared by the sampler and the learner.
+
+The learner must rebuild exactly the allowed set the sampler used at each position, otherwise the first-minibatch
+ratio is not 1. Both sides therefore go through ``ActionTrie`` built from ``action_token_ids``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+__all__ = ["ActionTrie", "action_token_ids", "allowed_token_masks", "end_token_id"]
+
+
+def end_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The token that closes an action: the tokenizer's end-of-sequence token."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("tokenizer.eos_token_id: the tokenizer has no end-of-sequence token")
+    return int(eos)
+
+
+def action_token_ids(tokenizer: PreTrainedTokenizerBase, actions: list[str]) -> list[list[int]]:
+    """Token ids of each action text (no special tokens added) followed by the end token."""
+    eos = end_token_id(tokenizer)
+    encoded = tokenizer(list(actions), add_special_tokens=False)["input_ids"] if actions else []
+    return [list(ids) + [eos] for ids in encoded]
+
+
+class ActionTrie:
+    """A prefix tree over token sequences; ``allowed(prefix)`` lists the tokens that may follow ``prefix``."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]]):
+        self._root: dict[int, dict] = {}
+        for seq in sequences:
+            node = self._root
+            for tok in seq:
+                node = node.setdefault(int(tok), {})
+
+    def _node(self, prefix: Sequence[int]) -> dict[int, dict] | None:
+        node = self._root
+        for tok in prefix:
+            node = node.get(int(tok))
+            if node is None:
+                return None
+        return node
+
+    def allowed(self, prefix: Sequence[int]) -> list[int]:
+        """Sorted next tokens after ``prefix``; empty when the prefix is complete or leaves the trie."""
+        node = self._node(prefix)
+        return sorted(node) if node else []
+
+    def __bool__(self) -> bool:
+        return bool(self._root)
+
+
+def allowed_token_masks(
+    tokenizer: PreTrainedTokenizerBase, admissible: list[str], action_ids: list[int], vocab_size: int
+) -> torch.BoolTensor:
+    """(len(action_ids), vocab_size) mask of the tokens allowed at each action position, as during sampling."""
+    trie = ActionTrie(action_token_ids(tokenizer, admissible))
+    mask = torch.zeros(len(action_ids), vocab_size, dtype=torch.bool)
+    for k in range(len(action_ids)):
+        allowed = trie.allowed(action_ids[:k])
+        if int(action_ids[k]) not in allowed:
+            raise ValueError(
+                f"action_ids: token {int(action_ids[k])} at position {k} is not allowed by the admissible actions"
+            )
+        mask[k, allowed] = True
+    return mask

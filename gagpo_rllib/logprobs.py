@@ -1,0 +1,114 @@
+"""Per-token log-probs of actions given prompts, with the same numerics as the rollout backend.
+
+The rollout backend and the learner both call ``scaled_logprobs`` on float32 logits, so on CPU the first-minibatch
+ratio is 1 (up to the tiny difference between an incremental KV-cache forward and a full forward).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+__all__ = ["action_logprobs", "scaled_logprobs"]
+
+
+def scaled_logprobs(
+    logits: Tensor,
+    tokens: Tensor,
+    *,
+    temperature: float = 1.0,
+    allowed: Tensor | None = None,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """log_softmax(logits / T) at ``tokens``, over ``allowed`` when given; and the entropy when asked.
+
+    logits: [..., V]; tokens: [...]; allowed: bool [..., V] or None. Rows with no allowed token are treated as
+    unconstrained (they are padding; callers mask them out). Only one [..., V] float copy is kept beyond the
+    logits (two with a mask), since the vocabulary of real models is large.
+    """
+    scaled = logits.float() / float(temperature)
+    masked = scaled
+    if allowed is not None:
+        allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
+        masked = scaled.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(masked, dim=-1)
+    logp = masked.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse
+    entropy = None
+    if with_entropy:
+        # H = lse - sum_v p_v * s_v; disallowed entries have p_v = 0, so the unmasked scores can be used
+        probs = torch.exp(masked - lse.unsqueeze(-1))
+        entropy = lse - (probs * scaled).sum(-1)
+    return logp, entropy
+
+
+def action_logprobs(
+    model: PreTrainedModel,
+    prompt_ids: list[list[int]],
+    action_ids: list[list[int]],
+    *,
+    pad_token_id: int,
+    temperature: float = 1.0,
+    allowed_masks: list[Tensor | None] | None = None,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Log-probs of each action token: returns (logp [B, M], mask [B, M], entropy [B, M] or None).
+
+    Prompts are left-padded, actions right-padded; position ids are cumsum(attention_mask) - 1 as in generate.
+    ``allowed_masks[b]`` ([m_b, V] bool, or None) restricts the softmax to the allowed set at each position.
+    """
+    if len(prompt_ids) != len(action_ids):
+        raise ValueError(
+            f"prompt_ids ({len(prompt_ids)}) and action_ids ({len(action_ids)}) differ in length"
+        )
+    if allowed_masks is not None and len(allowed_masks) != len(action_ids):
+        raise ValueError(
+            f"allowed_masks ({len(allowed_masks)}) and action_ids ({len(action_ids)}) differ in length"
+        )
+    for b, (p, a) in enumerate(zip(prompt_ids, action_ids, strict=True)):
+        if not p:
+            raise ValueError(f"prompt_ids[{b}]: empty prompt")
+        if not a:
+            raise ValueError(f"action_ids[{b}]: empty action")
+    device = next(model.parameters()).device
+    bsz = len(prompt_ids)
+    plen = max(len(p) for p in prompt_ids)
+    alen = max(len(a) for a in action_ids)
+    input_ids = torch.full((bsz, plen + alen), int(pad_token_id), dtype=torch.long)
+    attn = torch.zeros((bsz, plen + alen), dtype=torch.long)
+    for b, (p, a) in enumerate(zip(prompt_ids, action_ids, strict=True)):
+        input_ids[b, plen - len(p) : plen] = torch.as_tensor(p, dtype=torch.long)
+        input_ids[b, plen : plen + len(a)] = torch.as_tensor(a, dtype=torch.long)
+        attn[b, plen - len(p) : plen + len(a)] = 1
+    position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
+    targets = input_ids[:, plen:].to(device)
+    mask = attn[:, plen:].to(device=device, dtype=torch.float32)
+
+    out = model(
+        input_ids=input_ids.to(device),
+        attention_mask=attn.to(device),
+        position_ids=position_ids.to(device),
+        logits_to_keep=alen + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1, :]  # position plen-1+k predicts action token k
+    allowed = None
+    if allowed_masks is not None and any(m is not None for m in allowed_masks):
+        vocab = logits.shape[-1]
+        allowed = torch.zeros((bsz, alen, vocab), dtype=torch.bool, device=device)
+        for b, m in enumerate(allowed_masks):
+            if m is None:
+                allowed[b] = True
+                continue
+            if m.shape != (len(action_ids[b]), vocab):
+                raise ValueError(
+                    f"allowed_masks[{b}]: shape {tuple(m.shape)}, expected ({len(action_ids[b])}, {vocab})"
+                )
+            allowed[b, : m.shape[0]] = m.to(device)
+    logp, entropy = scaled_logprobs(
+        logits, targets, temperature=temperature, allowed=allowed, with_entropy=with_entropy
+    )
+    logp = logp * mask
+    if entropy is not None:
+        entropy = entropy * mask
+    return logp, mask, entropy

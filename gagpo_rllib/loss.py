@@ -1,0 +1,95 @@
+"""The GAGPO policy loss: per-step length-normalised clipped ratio, k3 KL to the reference, entropy bonus.
+
+The credit unit is the environment step: every token of an action shares the step's advantage, and the ratio is
+the geometric mean of the token ratios over the action (see the method note).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["gagpo_policy_loss"]
+
+# exp() of a larger log-ratio overflows float32; such steps are clipped anyway.
+_MAX_LOG_RATIO = 20.0
+
+
+def _step_mean(values: Tensor, mask: Tensor, counts: Tensor) -> Tensor:
+    """Mean over each step's tokens: [B, M] -> [B]."""
+    return (values * mask).sum(-1) / counts
+
+
+def gagpo_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    kl_coeff: float = 0.01,
+    entropy: Tensor | None = None,
+    entropy_coeff: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Loss to minimise and detached stats.
+
+    logp/old_logp/ref_logp/mask/entropy: [B, M] per action token; advantages: [B], one per step. Steps whose mask
+    is all zero are ignored. ``ref_logp`` may be None only when ``kl_coeff`` is 0.
+    """
+    if logp.dim() != 2:
+        raise ValueError(f"logp: expected [B, M], got shape {tuple(logp.shape)}")
+    for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp), ("entropy", entropy)):
+        if t is not None and t.shape != logp.shape:
+            raise ValueError(f"{name}: shape {tuple(t.shape)} differs from logp {tuple(logp.shape)}")
+    if advantages.shape != logp.shape[:1]:
+        raise ValueError(f"advantages: expected shape ({logp.shape[0]},), got {tuple(advantages.shape)}")
+    if ref_logp is None and kl_coeff != 0:
+        raise ValueError("ref_logp: required when kl_coeff != 0")
+    if clip_eps < 0:
+        raise ValueError(f"clip_eps must be >= 0, got {clip_eps}")
+
+    mask = mask.to(logp.dtype)
+    tokens = mask.sum(-1)
+    valid = tokens > 0
+    if not bool(valid.any()):
+        zero = logp.sum() * 0.0
+        nan = torch.tensor(float("nan"))
+        return zero, {k: nan for k in _STAT_KEYS}
+    counts = tokens.clamp_min(1.0)
+    adv = advantages.to(logp.dtype).detach()
+
+    log_ratio = _step_mean(logp - old_logp.detach(), mask, counts).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    surr = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    step_obj = torch.minimum(surr, clipped)
+    n_valid = valid.sum()
+    policy_loss = -(step_obj * valid).sum() / n_valid
+
+    if ref_logp is not None:
+        q = (ref_logp.detach() - logp) * mask
+        k3 = torch.exp(q) - q - 1.0
+        kl = (_step_mean(k3, mask, counts) * valid).sum() / n_valid
+    else:
+        kl = logp.sum() * 0.0
+    if entropy is not None:
+        ent = (_step_mean(entropy, mask, counts) * valid).sum() / n_valid
+    else:
+        ent = logp.sum() * 0.0
+
+    loss = policy_loss + kl_coeff * kl - entropy_coeff * ent
+    r = ratio.detach()[valid]
+    stats = {
+        "policy_loss": policy_loss.detach(),
+        "kl": kl.detach(),
+        "entropy": ent.detach(),
+        "ratio_mean": r.mean(),
+        "ratio_min": r.min(),
+        "ratio_max": r.max(),
+        "clip_fraction": ((r - 1.0).abs() > clip_eps).to(logp.dtype).mean(),
+    }
+    return loss, stats
+
+
+_STAT_KEYS = ("policy_loss", "kl", "entropy", "ratio_mean", "ratio_min", "ratio_max", "clip_fraction")

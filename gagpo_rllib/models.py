@@ -1,0 +1,231 @@
+"""Policy models: a tiny offline Qwen2-style policy builder and a loader for any causal LM folder or hub id.
+
+No machine of this project can download weights, so tests and the embedded default use a random-init model with a
+byte-level BPE tokenizer trained locally. Real users point ``load_policy`` at their own model folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "build_tiny_policy",
+    "load_policy",
+    "stdlib_corpus",
+]
+
+logger = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+QWEN_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+_MANIFEST = "gagpo_tiny_build.json"
+# "name" or "org/name": anything else (more slashes, backslashes) can only be a local path.
+_HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+_BUILD_VERSION = 1
+# Enough English-like text for a few thousand merges while keeping the build around a second.
+_STDLIB_CHAR_BUDGET = 3_000_000
+
+
+def stdlib_corpus(char_budget: int = _STDLIB_CHAR_BUDGET) -> Iterator[str]:
+    """Yield the standard library's .py sources in a fixed order until ``char_budget`` characters are reached.
+
+    The order is sorted by path so the trained tokenizer is the same on every machine with the same Python.
+    """
+    root = Path(sys.modules["json"].__file__).resolve().parent.parent
+    total = 0
+    for path in sorted(root.glob("*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            logger.warning("stdlib_corpus: skipping %s (%s)", path, err)
+            continue
+        yield text
+        total += len(text)
+        if total >= char_budget:
+            return
+
+
+def _train_bpe(corpus: Iterable[str], vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Train a byte-level BPE with Qwen's split pattern; the special tokens take ids 0, 1, 2."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    state = json.loads(tok.to_str())["model"]
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in state["merges"]]
+    return dict(state["vocab"]), merges
+
+
+def _build_key(corpus_digest: str, **params: int) -> dict:
+    return {"version": _BUILD_VERSION, "corpus_sha256": corpus_digest, **params}
+
+
+def build_tiny_policy(
+    out_dir: str | Path,
+    *,
+    corpus: Iterable[str] | None = None,
+    vocab_size: int = 4096,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    intermediate_size: int = 256,
+    seed: int = 0,
+) -> Path:
+    """Build a random-init Qwen2ForCausalLM and a locally trained BPE tokenizer into ``out_dir``.
+
+    Cached: when ``out_dir`` already holds a build with the same parameters and corpus, it is returned as is.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(
+            f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (the byte alphabet), got {vocab_size}"
+        )
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+    out = Path(out_dir)
+    texts = list(stdlib_corpus() if corpus is None else corpus)
+    if not texts or not any(texts):
+        raise ValueError("corpus: empty; the tokenizer needs some text to train on")
+    digest = hashlib.sha256()
+    for t in texts:
+        digest.update(t.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    key = _build_key(
+        digest.hexdigest(),
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        intermediate_size=intermediate_size,
+        seed=seed,
+    )
+    manifest = out / _MANIFEST
+    if manifest.is_file():
+        try:
+            if json.loads(manifest.read_text()) == key:
+                return out
+        except json.JSONDecodeError:
+            logger.warning("build_tiny_policy: unreadable manifest %s, rebuilding", manifest)
+
+    vocab, merges = _train_bpe(texts, vocab_size)
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+        padding_side="left",
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.padding_side = "left"
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        attention_dropout=0.0,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    )
+    model = Qwen2ForCausalLM(config)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    manifest.write_text(json.dumps(key, indent=1))
+    return out
+
+
+def load_policy(
+    name_or_path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, ready for RL: dropout off, a pad token, left padding."""
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    looks_local = (
+        path.is_absolute() or name.startswith((".", "~")) or path.exists() or not _HUB_ID.match(name)
+    )
+    if looks_local:
+        if not path.exists():
+            raise FileNotFoundError(f"model path does not exist: {name}")
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise ValueError(f"model path is not a model folder (no config.json): {name}")
+        name = str(path)
+    try:
+        tokenizer, model = _from_pretrained(name, dtype, local_files_only=True)
+    except OSError as err:
+        if looks_local:
+            raise ValueError(f"cannot load a causal LM from {name!r}: {err}") from err
+        try:  # not in the local hub cache: ask the hub (slow to fail without network)
+            tokenizer, model = _from_pretrained(name, dtype, local_files_only=False)
+        except OSError as err:
+            raise ValueError(f"cannot load a causal LM from {name!r}: {err}") from err
+    _disable_dropout(model)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def _from_pretrained(
+    name: str, dtype: torch.dtype, *, local_files_only: bool
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=local_files_only)
+    return tokenizer, model
+
+
+def _disable_dropout(model: PreTrainedModel) -> None:
+    """Zero every dropout probability: RL needs the same log-probs in rollout and training forwards."""
+    for attr in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if isinstance(getattr(model.config, attr, None), float):
+            setattr(model.config, attr, 0.0)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0

@@ -1,0 +1,132 @@
+"""The Hugging Face generation backend: one batched call, exact behaviour log-probs, seeds, weight updates."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from gagpo_rllib.generation import HFGenerationBackend, SamplingConfig, make_backend
+from gagpo_rllib.models import load_policy
+
+ADMISSIBLE = [["go north", "go south", "take key"], ["open door", "go"], ["look"]]
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_policy_path: Path) -> HFGenerationBackend:
+    return HFGenerationBackend(tiny_policy_path)
+
+
+def _prompts(tok, n: int = 3) -> list[str]:
+    msgs = [f"You are in room {i}. " * (1 + 3 * i) for i in range(n)]
+    return [
+        tok.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True, tokenize=False)
+        for m in msgs
+    ]
+
+
+def test_outputs_are_consistent(backend: HFGenerationBackend) -> None:
+    tok = backend.tokenizer
+    prompts = _prompts(tok)
+    outs = backend.generate(prompts, sampling=SamplingConfig(max_new_tokens=8), seed=0)
+    assert len(outs) == len(prompts)
+    for prompt, o in zip(prompts, outs, strict=True):
+        assert o.prompt_ids == tok(prompt, add_special_tokens=False)["input_ids"]
+        assert 1 <= len(o.action_ids) <= 8 and len(o.logprobs) == len(o.action_ids)
+        assert all(lp <= 0 and math.isfinite(lp) for lp in o.logprobs)
+        assert o.finished == (o.action_ids[-1] == tok.eos_token_id)
+        assert tok.eos_token_id not in o.action_ids[:-1]
+        assert o.text == tok.decode(o.action_ids, skip_special_tokens=True)
+
+
+def test_constrained_outputs_are_admissible(backend: HFGenerationBackend) -> None:
+    prompts = _prompts(backend.tokenizer)
+    for seed in range(4):
+        outs = backend.generate(
+            prompts, sampling=SamplingConfig(constrained=True), admissible=ADMISSIBLE, seed=seed
+        )
+        for acts, o in zip(ADMISSIBLE, outs, strict=True):
+            assert o.finished and o.text in acts
+    # a single admissible action is certain
+    assert outs[2].logprobs == pytest.approx([0.0] * len(outs[2].logprobs), abs=1e-6)
+
+
+def test_seeds_reproduce_and_isolate_the_global_rng(backend: HFGenerationBackend) -> None:
+    prompts = _prompts(backend.tokenizer)
+    cfg = SamplingConfig(max_new_tokens=6)
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a = backend.generate(prompts, sampling=cfg, seed=7)
+    after = torch.rand(1)
+    assert torch.equal(before, after)  # the seeded call did not consume the global stream
+    b = backend.generate(prompts, sampling=cfg, seed=7)
+    assert [o.action_ids for o in a] == [o.action_ids for o in b]
+    others = {
+        tuple(o.action_ids) for s in range(8) for o in backend.generate(prompts[:1], sampling=cfg, seed=s)
+    }
+    assert len(others) > 1
+
+
+def test_model_generation_defaults_do_not_leak(tiny_policy_path: Path) -> None:
+    model, tok = load_policy(tiny_policy_path)
+    model.generation_config.top_k = 1  # greedy if it were honoured
+    model.generation_config.do_sample = False
+    backend = HFGenerationBackend((model, tok))
+    prompts = _prompts(tok, 1)
+    firsts = {
+        backend.generate(prompts, sampling=SamplingConfig(max_new_tokens=1), seed=s)[0].action_ids[0]
+        for s in range(12)
+    }
+    assert len(firsts) > 1
+    assert model.generation_config.top_k == 1  # restored after the call
+
+
+def test_update_weights_changes_the_policy(tiny_policy_path: Path, tmp_path: Path) -> None:
+    from gagpo_rllib.models import build_tiny_policy
+
+    other_path = build_tiny_policy(tmp_path / "other", seed=5)
+    backend = HFGenerationBackend(tiny_policy_path)
+    reference = HFGenerationBackend(other_path)
+    prompts = _prompts(backend.tokenizer)
+    cfg = SamplingConfig(max_new_tokens=5)
+    assert backend.generate(prompts, sampling=cfg, seed=3) != reference.generate(
+        prompts, sampling=cfg, seed=3
+    )
+    backend.update_weights(reference.model.state_dict())
+    backend.reset_cache()
+    got = backend.generate(prompts, sampling=cfg, seed=3)
+    want = reference.generate(prompts, sampling=cfg, seed=3)
+    assert [o.action_ids for o in got] == [o.action_ids for o in want]
+    with pytest.raises(ValueError, match="state_dict"):
+        backend.update_weights({"not.a.weight": torch.zeros(1)})
+
+
+def test_bad_arguments_name_the_field(backend: HFGenerationBackend) -> None:
+    prompts = _prompts(backend.tokenizer, 2)
+    with pytest.raises(ValueError, match="admissible"):
+        backend.generate(prompts, sampling=SamplingConfig(constrained=True))
+    with pytest.raises(ValueError, match=r"admissible\[1\]"):
+        backend.generate(prompts, sampling=SamplingConfig(constrained=True), admissible=[["look"], []])
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingConfig(temperature=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingConfig(max_new_tokens=0)
+    with pytest.raises(ValueError, match="backend"):
+        make_backend("tgi", "x")
+    assert backend.generate([], sampling=SamplingConfig()) == []
+
+
+def test_free_generation_also_stops_on_the_model_end_tokens(tiny_policy_path: Path) -> None:
+    model, tok = load_policy(tiny_policy_path)
+    prompts = _prompts(tok, 1)
+    cfg = SamplingConfig(max_new_tokens=10)
+    plain = HFGenerationBackend((model, tok)).generate(prompts, sampling=cfg, seed=4)[0]
+    stop = plain.action_ids[2]
+    assert stop not in plain.action_ids[:2] and not plain.finished
+    model.generation_config.eos_token_id = [tok.eos_token_id, stop]
+    stopped = HFGenerationBackend((model, tok)).generate(prompts, sampling=cfg, seed=4)[0]
+    assert stopped.action_ids == plain.action_ids[:3] and stopped.finished
+    assert stopped.logprobs == pytest.approx(plain.logprobs[:3], abs=1e-6)
