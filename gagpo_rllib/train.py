@@ -1,0 +1,160 @@
+"""Run an AlgorithmConfig under Ray Tune: stop criteria, checkpoints, resume, a one-line progress report.
+
+Tune gives every run the standard result files (result.json, progress.csv, TensorBoard events) and
+checkpoints; this module adds the RLlib-CLI semantics on top and keeps the terminal output short.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import runpy
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+__all__ = ["TrainSpec", "load_train_file", "train", "find_metric", "ProgressPrinter"]
+
+SUCCESS_KEYS = ("success_rate", "episode_success_mean", "won_mean")
+
+
+@dataclass
+class TrainSpec:
+    """What a tuned-example file defines: ``config`` (an AlgorithmConfig) and, optionally, ``stop``."""
+
+    config: AlgorithmConfig
+    stop: dict[str, Any]
+    path: Path
+
+
+def load_train_file(path: str | os.PathLike) -> TrainSpec:
+    """Execute a tuned-example file (not as ``__main__``) and take its ``config`` and ``stop``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"training file not found: {path}")
+    namespace = runpy.run_path(str(path), run_name="__rllib_train_file__")
+    config = namespace.get("config")
+    if not isinstance(config, AlgorithmConfig):
+        raise ValueError(
+            f"{path} must define `config` as an RLlib AlgorithmConfig, got {type(config).__name__}"
+        )
+    stop = namespace.get("stop", {}) or {}
+    if not isinstance(stop, Mapping):
+        raise ValueError(f"{path}: `stop` must be a dict of metric -> threshold, got {type(stop).__name__}")
+    return TrainSpec(config=config, stop=dict(stop), path=path)
+
+
+def _flatten(result: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in result.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, name + "/"))
+        else:
+            out[name] = value
+    return out
+
+
+def find_metric(result: Mapping[str, Any], suffixes: tuple[str, ...] = SUCCESS_KEYS) -> float | None:
+    """The first numeric metric whose flattened name ends with one of ``suffixes`` (env-runner metrics first)."""
+    flat = _flatten(result)
+    for suffix in suffixes:
+        for name in sorted(flat, key=lambda n: (not n.startswith("env_runners"), n)):
+            value = flat[name]
+            if name.endswith(suffix) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+    return None
+
+
+class ProgressPrinter(tune.Callback):
+    """One line per iteration: iteration, success, return, time per iteration, ETA to the iteration limit."""
+
+    def __init__(self, stop: Mapping[str, Any] | None = None):
+        self.max_iterations = (stop or {}).get("training_iteration")
+        self.started = time.monotonic()
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        it = int(result.get("training_iteration", 0))
+        per_iter = (time.monotonic() - self.started) / max(it, 1)
+        success = find_metric(result)
+        ret = find_metric(result, ("episode_return_mean",))
+        parts = [f"[{trial.trial_id}] iter {it}" + (f"/{self.max_iterations}" if self.max_iterations else "")]
+        if success is not None:
+            parts.append(f"success {success:6.1%}")
+        if ret is not None and math.isfinite(ret):
+            parts.append(f"return {ret:7.2f}")
+        parts.append(f"{per_iter:6.1f} s/iter")
+        if self.max_iterations:
+            parts.append(f"ETA {max(self.max_iterations - it, 0) * per_iter:6.0f} s")
+        print("  ".join(parts), flush=True)
+
+
+def init_ray(*, num_cpus: int | None = None, dashboard: bool = False) -> None:
+    """Start a local Ray (dashboard on loopback only when asked) unless one is already running."""
+    if ray.is_initialized():
+        return
+    context = ray.init(num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1")
+    if dashboard:
+        print(f"Ray dashboard: http://{context.dashboard_url}", flush=True)
+
+
+def train(
+    config: AlgorithmConfig,
+    *,
+    stop: Mapping[str, Any] | None = None,
+    storage_path: str | os.PathLike | None = None,
+    name: str | None = None,
+    checkpoint_freq: int = 0,
+    checkpoint_at_end: bool = True,
+    restore: str | None = None,
+    resume: str | None = None,
+    num_cpus: int | None = None,
+    dashboard: bool = False,
+    verbose: int = 0,
+) -> tune.ResultGrid:
+    """Train ``config`` under Tune until ``stop``; returns the ResultGrid and prints where results went.
+
+    ``restore`` starts from an Algorithm checkpoint's weights and state; ``resume`` continues an interrupted
+    experiment directory where it stopped.
+    """
+    init_ray(num_cpus=num_cpus, dashboard=dashboard)
+    stop = dict(stop or {})
+    storage_path = str(Path(storage_path or Path.cwd() / "results").resolve())
+    if restore is not None:
+        checkpoint = str(Path(restore).resolve())
+        if not Path(checkpoint).exists():
+            raise FileNotFoundError(f"checkpoint to restore not found: {checkpoint}")
+        config = config.copy(copy_frozen=False).callbacks(
+            on_algorithm_init=lambda algorithm, **kw: algorithm.restore_from_path(checkpoint)
+        )
+    run_config = tune.RunConfig(
+        name=name,
+        storage_path=storage_path,
+        stop=stop,
+        verbose=verbose,
+        callbacks=[ProgressPrinter(stop)],
+        checkpoint_config=tune.CheckpointConfig(
+            checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end
+        ),
+    )
+    if resume is not None:
+        tuner = tune.Tuner.restore(
+            str(Path(resume).resolve()), trainable=config.algo_class, resume_errored=True
+        )
+    else:
+        tuner = tune.Tuner(config.algo_class, param_space=config, run_config=run_config)
+    results = tuner.fit()
+    for result in results:
+        if result.error:
+            print(f"trial failed: {result.error}", flush=True)
+            continue
+        print(f"results: {result.path}", flush=True)
+        if result.checkpoint is not None:
+            print(f"checkpoint: {result.checkpoint.path}", flush=True)
+    return results
