@@ -14,6 +14,16 @@ from collections.abc import Sequence
 __all__ = ["main", "build_parser"]
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {err}") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def _json_dict(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -61,7 +71,11 @@ def _add_train_file(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs for the local Ray instance")
     p.add_argument("--restore", default=None, help="start from this Algorithm checkpoint")
     p.add_argument("--resume", default=None, help="continue this interrupted experiment folder")
-    p.add_argument("--dashboard", action="store_true", help="serve the Ray dashboard on 127.0.0.1:8265")
+    p.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="serve the Ray dashboard on 127.0.0.1:8265 and publish the GAGPO metrics as Ray metrics",
+    )
     p.add_argument("-v", "--verbose", type=int, default=0, choices=[0, 1, 2, 3], help="Tune's verbosity")
 
 
@@ -76,12 +90,139 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="learning_curves.png", help="output PNG (default learning_curves.png)")
 
 
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="evaluate a checkpoint or an untrained model; print the Table-1 row, write CSV and JSON",
+        description="Play SOURCE on an evaluation split at a temperature and print the papers' Table-1 layout "
+        "(ALFWorld: Pick, Look, Clean, Heat, Cool, Pick2, All; WebShop: score, success; other envs: success per "
+        "task type and All), then write eval_table.csv, eval_episodes.csv and eval.json. SOURCE is an Algorithm "
+        "checkpoint folder (its own config) or a model folder / hub id (the untrained prompting baseline; give "
+        "--env or --file).",
+    )
+    p.add_argument("source", help="checkpoint folder, or a model folder / hub id")
+    p.add_argument("--env", default=None, help="maze, alfworld, webshop or package.module:Class")
+    p.add_argument("--file", default=None, help="tuned-example file whose `config` sets env and decoding")
+    p.add_argument(
+        "--env-config",
+        type=_json_object,
+        default=None,
+        help="JSON env_config (for --env, or merged into the config's)",
+    )
+    p.add_argument("--split", default=None, help="evaluation split (default: the env's: valid_unseen, eval)")
+    p.add_argument("--temperature", type=float, default=0.4, help="sampling temperature (default 0.4)")
+    p.add_argument("--num-tasks", type=int, default=None, help="tasks to play (default: the whole split)")
+    p.add_argument("--episodes-per-task", type=int, default=1, help="episodes per task (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the task draw and of sampling")
+    p.add_argument("--batch-size", type=int, default=None, help="sub-envs per env runner (default 16)")
+    p.add_argument("--num-env-runners", type=int, default=None, help="override the config's env runners")
+    p.add_argument("--max-steps", type=int, default=None, help="override the env's step limit")
+    p.add_argument(
+        "--constrained",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="constrained decoding (default: the config's; off for a bare model)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=None, help="generation limit per turn")
+    p.add_argument("--backend", choices=["hf", "vllm"], default=None, help="generation backend")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="model dtype")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for the local Ray instance")
+    p.add_argument("--out", default="eval_results", help="folder for the CSV and JSON (default eval_results)")
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a checkpoint's policy as a Hugging Face model folder",
+        description="Write the policy of CHECKPOINT to OUT_DIR as a Hugging Face model folder (config.json, "
+        "model.safetensors, tokenizer, generation_config.json) that transformers and vLLM load.",
+    )
+    p.add_argument("checkpoint", help="Algorithm checkpoint folder (or its rl_module/default_policy folder)")
+    p.add_argument("out_dir", help="output folder")
+    p.add_argument("--base-model", default=None, help="the run's starting model, if it has moved")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="saved dtype")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rllib", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_file(sub)
+    _add_evaluate(sub)
     _add_plot(sub)
+    _add_export(sub)
     return parser
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gagpo_rllib.evaluation import (
+        EvalSettings,
+        config_for_model,
+        config_from_checkpoint,
+        evaluate,
+        is_checkpoint,
+        resolve_env,
+    )
+    from gagpo_rllib.train import init_ray, load_train_file
+
+    env = resolve_env(args.env) if args.env else None
+    base = load_train_file(args.file).config if args.file else None
+    checkpoint = args.source if is_checkpoint(args.source) else None
+    source = Path(args.source).expanduser()
+    looks_local = source.exists() or args.source.startswith(("/", ".", "~")) or args.source.count("/") > 1
+    if checkpoint is None and looks_local and not (source / "config.json").is_file():
+        raise FileNotFoundError(
+            f"evaluate: {args.source} is neither an Algorithm checkpoint (rllib_checkpoint.json) nor a model "
+            "folder (config.json)"
+        )
+    decoding = {
+        name: value
+        for name, value in (
+            ("constrained_decoding", args.constrained),
+            ("max_new_tokens", args.max_new_tokens),
+            ("backend", args.backend),
+            ("dtype", args.dtype),
+        )
+        if value is not None
+    }
+    if checkpoint is not None:
+        config = config_from_checkpoint(checkpoint)
+        if env is not None:
+            config.environment(env, env_config=dict(args.env_config or {}))
+        config.gagpo(**decoding)
+    else:
+        decoding.setdefault("constrained_decoding", bool(base.constrained_decoding) if base else False)
+        config = config_for_model(args.source, env, base=base, env_config=args.env_config, **decoding)
+    if args.env_config is not None and env is None:
+        config.environment(env_config={**dict(config.env_config or {}), **args.env_config})
+    settings = EvalSettings(
+        split=args.split,
+        temperature=args.temperature,
+        num_tasks=args.num_tasks,
+        episodes_per_task=args.episodes_per_task,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        num_env_runners=args.num_env_runners,
+        max_steps=args.max_steps,
+    )
+    init_ray(num_cpus=args.num_cpus)
+    report = evaluate(config, settings, checkpoint=checkpoint, source=args.source)
+    print(report.header())
+    print(report.format_table())
+    for kind, path in report.write(args.out).items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from gagpo_rllib.export import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out_dir, base_model=args.base_model, dtype=args.dtype)
+    print(f"exported to {out}")
+    for path in sorted(out.iterdir()):
+        print(f"  {path.name}")
+    return 0
 
 
 def run_plot(args: argparse.Namespace) -> int:
@@ -129,6 +270,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_train_file(args)
     if args.command == "plot":
         return run_plot(args)
+    if args.command == "evaluate":
+        return run_evaluate(args)
+    if args.command == "export":
+        return run_export(args)
     raise AssertionError(f"unhandled command {args.command}")
 
 

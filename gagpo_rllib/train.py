@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import runpy
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import ray
 from ray import tune
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-__all__ = ["TrainSpec", "load_train_file", "train", "find_metric", "ProgressPrinter"]
+__all__ = ["TrainSpec", "load_train_file", "train", "find_metric", "ProgressPrinter", "with_ray_metrics"]
 
 SUCCESS_KEYS = ("success_rate", "episode_success_mean", "won_mean")
 
@@ -77,11 +76,10 @@ class ProgressPrinter(tune.Callback):
 
     def __init__(self, stop: Mapping[str, Any] | None = None):
         self.max_iterations = (stop or {}).get("training_iteration")
-        self.started = time.monotonic()
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         it = int(result.get("training_iteration", 0))
-        per_iter = (time.monotonic() - self.started) / max(it, 1)
+        per_iter = float(result.get("time_total_s", 0.0)) / max(it, 1)
         success = find_metric(result)
         ret = find_metric(result, ("episode_return_mean",))
         parts = [f"[{trial.trial_id}] iter {it}" + (f"/{self.max_iterations}" if self.max_iterations else "")]
@@ -93,6 +91,17 @@ class ProgressPrinter(tune.Callback):
         if self.max_iterations:
             parts.append(f"ETA {max(self.max_iterations - it, 0) * per_iter:6.0f} s")
         print("  ".join(parts), flush=True)
+
+
+def with_ray_metrics(config: AlgorithmConfig) -> AlgorithmConfig:
+    """``config`` plus the callback that publishes the GAGPO metrics as Ray metrics (seen from the dashboard)."""
+    from gagpo_rllib.ray_metrics import publish_ray_metrics
+
+    existing = config.callbacks_on_train_result
+    callbacks = [*(existing if isinstance(existing, list) else [existing] if existing else [])]
+    if publish_ray_metrics not in callbacks:
+        callbacks.append(publish_ray_metrics)
+    return config.copy(copy_frozen=False).callbacks(on_train_result=callbacks)
 
 
 def init_ray(*, num_cpus: int | None = None, dashboard: bool = False) -> None:
@@ -124,6 +133,8 @@ def train(
     experiment directory where it stopped.
     """
     init_ray(num_cpus=num_cpus, dashboard=dashboard)
+    if dashboard:
+        config = with_ray_metrics(config)
     stop = dict(stop or {})
     storage_path = str(Path(storage_path or Path.cwd() / "results").resolve())
     if restore is not None:

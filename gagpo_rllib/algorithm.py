@@ -1,0 +1,496 @@
+"""GAGPOConfig and the GAGPO Algorithm: grouped rollouts of an LLM policy, critic-free grouped advantages.
+
+One iteration: the driver draws N task instances from the env's split (deterministic from the seed and the
+iteration), plans K episodes of each (a group), splits the plan over the EnvRunners, which play every planned
+episode to its end; the Learner turns the episodes into step advantages (``compute_advantages``) and updates the
+policy; the new weights go to the rollout backends.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+)
+
+from gagpo_rllib.advantages import ESTIMATORS, NORMS
+from gagpo_rllib.connectors.env_to_module import PromptConnector
+from gagpo_rllib.connectors.grouped_advantages import GroupedAdvantages, episode_rows, uniform_groups
+from gagpo_rllib.connectors.module_to_env import INVALID, ActionParserConnector
+from gagpo_rllib.env_runner import GAGPOEnvRunner, PlannedEpisode, RolloutStats, derive_seed
+from gagpo_rllib.learner import GAGPOTorchLearner
+from gagpo_rllib.rl_module import ACTION_IDS, LLMRLModule
+
+__all__ = ["GAGPO", "GAGPOConfig", "split_plan", "task_plan"]
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("hf", "vllm")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class GAGPOConfig(AlgorithmConfig):
+    """Typed, validated configuration of GAGPO; set the method's fields with ``.gagpo(...)``.
+
+    The invalid-action penalty (``invalid_penalty``, default 0.1) is subtracted from the reward of invalid steps in
+    the reward column handed to ``compute_advantages`` only; the reported episode return and success rate use the
+    environment's own rewards.
+
+    Example::
+
+        config = (
+            GAGPOConfig()
+            .environment(MazeEnv, env_config={"split": "train"})
+            .gagpo(model_path="/models/qwen", group_size=8, groups_per_iteration=16, estimator="gagpo")
+            .training(lr=1e-6)
+        )
+        algo = config.build_algo()
+    """
+
+    def __init__(self, algo_class: type | None = None):
+        super().__init__(algo_class=algo_class or GAGPO)
+        # The method.
+        self.estimator: str = "gagpo"
+        self.group_size: int = 8
+        self.groups_per_iteration: int = 16
+        self.gamma = 0.95
+        self.lam: float = 0.95
+        self.norm: str = "mean_std"
+        self.omega: float = 1.0
+        self.clip_eps: float = 0.2
+        self.kl_coeff: float = 0.01
+        self.entropy_coeff: float = 0.001
+        self.invalid_penalty: float = 0.1
+        self.skip_uniform_groups: bool = False
+        # Prompts and decoding.
+        self.history_length: int = 2
+        self.max_prompt_tokens: int | None = None
+        self.max_steps: int | None = None
+        self.temperature: float = 1.0
+        self.eval_temperature: float = 0.4
+        self.max_new_tokens: int = 256
+        self.constrained_decoding: bool = False
+        self.prompt_template: str | None = None
+        self.first_prompt_template: str | None = None
+        # The policy.
+        self.model_path: str | None = None
+        self.backend: str = "hf"
+        self.backend_kwargs: dict = {}
+        self.dtype: str = "float32"
+        self.envs_per_runner: int | None = None
+
+        # RLlib settings this algorithm relies on.
+        self.env_runner_cls = GAGPOEnvRunner
+        self.episodes_to_numpy = False
+        self.gym_env_vectorize_mode = "sync"
+        self.batch_mode = "complete_episodes"
+        self.add_default_connectors_to_env_to_module_pipeline = False
+        self.add_default_connectors_to_module_to_env_pipeline = False
+        self.add_default_connectors_to_learner_pipeline = False
+        self.num_env_runners = 0
+        self.lr = 1e-6
+        self.num_epochs = 1
+        self.minibatch_size = None
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
+        self.log_gradients = True
+
+    def gagpo(
+        self,
+        *,
+        estimator: str | None = NotProvided,
+        group_size: int | None = NotProvided,
+        groups_per_iteration: int | None = NotProvided,
+        gamma: float | None = NotProvided,
+        lam: float | None = NotProvided,
+        norm: str | None = NotProvided,
+        omega: float | None = NotProvided,
+        clip_eps: float | None = NotProvided,
+        kl_coeff: float | None = NotProvided,
+        entropy_coeff: float | None = NotProvided,
+        invalid_penalty: float | None = NotProvided,
+        skip_uniform_groups: bool | None = NotProvided,
+        history_length: int | None = NotProvided,
+        max_prompt_tokens: int | None = NotProvided,
+        max_steps: int | None = NotProvided,
+        temperature: float | None = NotProvided,
+        eval_temperature: float | None = NotProvided,
+        max_new_tokens: int | None = NotProvided,
+        constrained_decoding: bool | None = NotProvided,
+        prompt_template: str | None = NotProvided,
+        first_prompt_template: str | None = NotProvided,
+        model_path: str | None = NotProvided,
+        backend: str | None = NotProvided,
+        backend_kwargs: dict | None = NotProvided,
+        dtype: str | None = NotProvided,
+        envs_per_runner: int | None = NotProvided,
+    ) -> GAGPOConfig:
+        """Set GAGPO's fields (only those given); ``validate()`` checks them when the algorithm is built.
+
+        Args:
+            estimator: "gagpo", "gigpo", "grpo" or "rloo" (the advantage estimator).
+            group_size: K, rollouts per task instance.
+            groups_per_iteration: N, task instances per iteration.
+            gamma, lam, norm, omega: advantage parameters (see ``gagpo_rllib.advantages``).
+            clip_eps, kl_coeff, entropy_coeff: loss parameters (clip range, k3 KL weight, entropy bonus).
+            invalid_penalty: subtracted from the reward of an invalid step, for learning only.
+            skip_uniform_groups: drop groups whose episodes all got the same return from the update.
+            history_length: H, (observation, action) pairs shown in the prompt.
+            max_prompt_tokens: truncate the oldest history beyond this many prompt tokens.
+            max_steps: the env's step limit (passed as ``env_config["max_steps"]``); None keeps the env's.
+            temperature, eval_temperature: sampling temperature for training rollouts / evaluation.
+            max_new_tokens: generation limit per turn.
+            constrained_decoding: sample only admissible actions (token trie); the learner uses the same masks.
+            prompt_template, first_prompt_template: override the env package's templates.
+            model_path: any AutoModelForCausalLM folder or hub id (required).
+            backend: "hf" (CPU or GPU) or "vllm" (GPU); backend_kwargs go to its constructor.
+            dtype: "float32", "bfloat16" or "float16".
+            envs_per_runner: sub-envs per EnvRunner; None = enough for its share of N x K at once.
+        """
+        for name, value in list(locals().items()):
+            if name != "self" and value is not NotProvided:
+                setattr(self, name, value)
+        return self
+
+    # ------------------------------------------------------------------------------------------- validation
+    def validate(self) -> None:
+        """RLlib's checks, then GAGPO's; each error names the field. Sets ``num_envs_per_env_runner``."""
+        super().validate()
+        self.validate_gagpo()
+        if self.envs_per_runner is None:
+            per_runner = math.ceil(self.group_size * self.groups_per_iteration / max(1, self.num_env_runners))
+            self.num_envs_per_env_runner = max(1, per_runner)
+        else:
+            self.num_envs_per_env_runner = self.envs_per_runner
+        if self.max_steps is not None and isinstance(self.env_config, dict):
+            self.env_config = {**self.env_config, "max_steps": self.max_steps}
+
+    def validate_gagpo(self) -> None:
+        """GAGPO's own checks: raise ValueError naming the field and the value."""
+
+        def need(ok: bool, field: str, expected: str) -> None:
+            if not ok:
+                raise ValueError(f"GAGPOConfig.{field} must be {expected}, got {getattr(self, field)!r}")
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+        def is_num(v: Any) -> bool:
+            return isinstance(v, (int, float, np.number)) and not isinstance(v, bool) and math.isfinite(v)
+
+        need(self.estimator in ESTIMATORS, "estimator", f"one of {ESTIMATORS}")
+        need(self.norm in NORMS, "norm", f"one of {NORMS}")
+        need(
+            not (self.estimator == "gigpo" and self.norm == "none"), "norm", "'mean' or 'mean_std' for gigpo"
+        )
+        need(is_int(self.group_size) and self.group_size >= 1, "group_size", "an int >= 1")
+        need(
+            is_int(self.groups_per_iteration) and self.groups_per_iteration >= 1,
+            "groups_per_iteration",
+            "an int >= 1",
+        )
+        need(is_num(self.gamma) and 0.0 <= self.gamma <= 1.0, "gamma", "a number in [0, 1]")
+        need(is_num(self.lam) and 0.0 <= self.lam <= 1.0, "lam", "a number in [0, 1]")
+        need(is_num(self.omega), "omega", "a finite number")
+        need(is_num(self.clip_eps) and 0.0 < self.clip_eps < 1.0, "clip_eps", "a number in (0, 1)")
+        need(is_num(self.kl_coeff) and self.kl_coeff >= 0.0, "kl_coeff", "a number >= 0")
+        need(is_num(self.entropy_coeff) and self.entropy_coeff >= 0.0, "entropy_coeff", "a number >= 0")
+        need(is_num(self.invalid_penalty) and self.invalid_penalty >= 0.0, "invalid_penalty", "a number >= 0")
+        need(isinstance(self.skip_uniform_groups, bool), "skip_uniform_groups", "a bool")
+        need(is_int(self.history_length) and self.history_length >= 0, "history_length", "an int >= 0")
+        need(
+            self.max_prompt_tokens is None
+            or (is_int(self.max_prompt_tokens) and self.max_prompt_tokens >= 1),
+            "max_prompt_tokens",
+            "None or an int >= 1",
+        )
+        need(
+            self.max_steps is None or (is_int(self.max_steps) and self.max_steps >= 1),
+            "max_steps",
+            "None or an int >= 1",
+        )
+        need(is_num(self.temperature) and self.temperature > 0.0, "temperature", "a number > 0")
+        need(
+            is_num(self.eval_temperature) and self.eval_temperature > 0.0, "eval_temperature", "a number > 0"
+        )
+        need(is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "max_new_tokens", "an int >= 1")
+        need(isinstance(self.constrained_decoding, bool), "constrained_decoding", "a bool")
+        for field in ("prompt_template", "first_prompt_template"):
+            need(
+                getattr(self, field) is None or isinstance(getattr(self, field), str), field, "None or a str"
+            )
+        need(
+            isinstance(self.model_path, str) and bool(self.model_path.strip()),
+            "model_path",
+            "a model folder or hub id (set it with .gagpo(model_path=...))",
+        )
+        need(self.backend in BACKENDS, "backend", f"one of {BACKENDS}")
+        need(isinstance(self.backend_kwargs, dict), "backend_kwargs", "a dict")
+        need(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
+        need(
+            self.envs_per_runner is None or (is_int(self.envs_per_runner) and self.envs_per_runner >= 1),
+            "envs_per_runner",
+            "None or an int >= 1",
+        )
+        need(self.gym_env_vectorize_mode in ("sync", "SYNC"), "gym_env_vectorize_mode", "'sync'")
+        need(self.num_learners <= 1, "num_learners", "0 or 1 (more learners would split groups)")
+
+    # ------------------------------------------------------------------------------------------- components
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        return RLModuleSpec(module_class=LLMRLModule, model_config=self.module_model_config())
+
+    def module_model_config(self) -> dict[str, Any]:
+        sampling = {
+            "temperature": self.temperature,
+            "max_new_tokens": self.max_new_tokens,
+            "constrained": self.constrained_decoding,
+        }
+        return {
+            "model_path": self.model_path,
+            "dtype": self.dtype,
+            "backend": self.backend,
+            "backend_kwargs": dict(self.backend_kwargs),
+            "sampling": sampling,
+            "eval_sampling": {**sampling, "temperature": self.eval_temperature},
+            "reference": self.kl_coeff > 0,
+        }
+
+    def get_default_learner_class(self) -> type:
+        return GAGPOTorchLearner
+
+    def prompt_templates(self, env: Any = None) -> tuple[str, str]:
+        """(first, later) templates: the configured ones, else the env package's ``prompts.py``."""
+        if self.prompt_template is not None and self.first_prompt_template is not None:
+            return self.first_prompt_template, self.prompt_template
+        env_cls = self.env if isinstance(self.env, type) else None
+        if env_cls is None and env is not None:
+            env_cls = type(env.unwrapped.envs[0].unwrapped)
+        if env_cls is None:
+            raise ValueError(
+                "GAGPOConfig.prompt_template / first_prompt_template: not set and the env is not a class whose "
+                "package has prompts.py; pass the templates with .gagpo(...)"
+            )
+        from gagpo_rllib.prompting import load_env_templates
+
+        first, later = load_env_templates(env_cls)
+        return self.first_prompt_template or first, self.prompt_template or later
+
+    def build_env_to_module_connector(self, env=None, spaces=None, device=None):
+        pipeline = super().build_env_to_module_connector(env=env, spaces=spaces, device=device)
+        first, later = self.prompt_templates(env)
+        pipeline.prepend(
+            PromptConnector(
+                first_template=first,
+                template=later,
+                history_length=self.history_length,
+                max_prompt_tokens=self.max_prompt_tokens,
+            )
+        )
+        return pipeline
+
+    def build_module_to_env_connector(self, env=None, spaces=None):
+        pipeline = super().build_module_to_env_connector(env=env, spaces=spaces)
+        pipeline.prepend(ActionParserConnector(constrained=self.constrained_decoding))
+        return pipeline
+
+    def build_learner_connector(self, input_observation_space, input_action_space, device=None):
+        pipeline = super().build_learner_connector(input_observation_space, input_action_space, device=device)
+        pipeline.prepend(self.grouped_advantages())
+        return pipeline
+
+    def grouped_advantages(self) -> GroupedAdvantages:
+        return GroupedAdvantages(
+            estimator=self.estimator,
+            gamma=self.gamma,
+            lam=self.lam,
+            norm=self.norm,
+            omega=self.omega,
+            invalid_penalty=self.invalid_penalty,
+            skip_uniform_groups=self.skip_uniform_groups,
+            constrained=self.constrained_decoding,
+        )
+
+
+def task_plan(
+    num_tasks: int, *, groups: int, group_size: int, seed: int, iteration: int
+) -> list[PlannedEpisode]:
+    """N task instances x K episodes for one iteration, a pure function of (seed, iteration).
+
+    Tasks are drawn without replacement while N <= num_tasks. Group ids are unique over iterations.
+    """
+    if num_tasks < 1:
+        raise ValueError(f"env.num_tasks must be >= 1, got {num_tasks}")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(iteration), 0x6A6]))
+    tasks = rng.choice(num_tasks, size=groups, replace=groups > num_tasks)
+    return [
+        PlannedEpisode(
+            group_id=iteration * groups + g,
+            task_id=int(task),
+            member=k,
+            env_seed=derive_seed(seed, iteration, g, k),
+        )
+        for g, task in enumerate(tasks)
+        for k in range(group_size)
+    ]
+
+
+def split_plan(plan: list[PlannedEpisode], parts: int) -> list[list[PlannedEpisode]]:
+    """Contiguous, balanced shares of the plan (so most groups stay on one runner)."""
+    bounds = np.linspace(0, len(plan), parts + 1).round().astype(int)
+    return [plan[bounds[i] : bounds[i + 1]] for i in range(parts)]
+
+
+class GAGPO(Algorithm):
+    """Samples N x K grouped episodes per iteration on the EnvRunners, updates with GAGPO, syncs weights."""
+
+    @classmethod
+    def get_default_config(cls) -> GAGPOConfig:
+        return GAGPOConfig()
+
+    def num_tasks(self) -> int:
+        if getattr(self, "_num_tasks", None) is None:
+            remote = self.env_runner_group.num_remote_env_runners() > 0
+            counts = self.env_runner_group.foreach_env_runner(
+                lambda r: r.num_tasks(), local_env_runner=not remote
+            )
+            self._num_tasks = int(counts[0])
+        return self._num_tasks
+
+    def iteration_plan(self, iteration: int) -> list[PlannedEpisode]:
+        cfg = self.config
+        return task_plan(
+            self.num_tasks(),
+            groups=cfg.groups_per_iteration,
+            group_size=cfg.group_size,
+            seed=cfg.seed or 0,
+            iteration=iteration,
+        )
+
+    def sample_groups(self, plan: list[PlannedEpisode], iteration: int, *, explore: bool = True):
+        """Play the plan on the EnvRunners (split evenly); return episodes, timing splits, runner metrics."""
+        group = self.env_runner_group
+        n_remote = group.num_remote_env_runners()
+        seed = self.config.seed or 0
+        if n_remote == 0:
+            runner = group.local_env_runner
+            episodes, stats = runner.sample_groups(
+                plan, gen_seed=derive_seed(seed, iteration, 0), explore=explore
+            )
+            return episodes, [stats], [runner.get_metrics()]
+        shares = split_plan(plan, n_remote)
+
+        def play(runner):
+            # Remote runners have worker_index 1..n; each plays its share of the plan.
+            share = shares[runner.worker_index - 1]
+            eps, st = runner.sample_groups(
+                share, gen_seed=derive_seed(seed, iteration, runner.worker_index), explore=explore
+            )
+            return eps, st, runner.get_metrics()
+
+        results = group.foreach_env_runner(play, local_env_runner=False)
+        episodes = [e for r in results for e in r[0]]
+        return episodes, [r[1] for r in results], [r[2] for r in results]
+
+    def restore_from_path(self, path, *args, **kwargs) -> None:
+        """Restore, then make every EnvRunner sample with the restored weights.
+
+        RLlib skips a weight sync whose sequence number is older than the runner's, which is the case when a live
+        algorithm goes back to an earlier checkpoint; the runners' numbers are reset so the sync goes through.
+        """
+        super().restore_from_path(path, *args, **kwargs)
+
+        def forget_seq_no(runner) -> None:
+            runner._weights_seq_no = 0
+
+        self.env_runner_group.foreach_env_runner(forget_seq_no, local_env_runner=True)
+        self.env_runner_group.sync_weights(
+            from_worker_or_learner_group=self.learner_group, inference_only=True
+        )
+
+    def training_step(self) -> None:
+        cfg: GAGPOConfig = self.config
+        iteration = self.iteration
+        plan = self.iteration_plan(iteration)
+        t0 = time.perf_counter()
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            episodes, stats, runner_metrics = self.sample_groups(plan, iteration)
+        sample_s = time.perf_counter() - t0
+        if len(episodes) != len(plan):
+            # Only when an EnvRunner failed: its groups are missing or short this iteration.
+            logger.warning("GAGPO: %d of %d planned episodes came back", len(episodes), len(plan))
+        self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
+        self.log_rollout_metrics(episodes, stats, sample_s)
+
+        trainable = True
+        if cfg.skip_uniform_groups:
+            rows = episode_rows(episodes, cfg.invalid_penalty)
+            trainable = len(uniform_groups(rows)) < len(set(rows.group_id.tolist()))
+        t0 = time.perf_counter()
+        if trainable:
+            with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+                learner_results = self.learner_group.update(
+                    episodes=episodes,
+                    timesteps={
+                        NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                            (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+                        )
+                    },
+                    num_epochs=cfg.num_epochs,
+                    minibatch_size=cfg.minibatch_size,
+                    shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch,
+                )
+            self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+            with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+                self.env_runner_group.sync_weights(
+                    from_worker_or_learner_group=self.learner_group, inference_only=True
+                )
+        self.metrics.log_value(("gagpo", "update_skipped"), float(not trainable), window=1)
+        self.metrics.log_value(("gagpo", "time_learner_s"), time.perf_counter() - t0, window=1)
+
+    def log_rollout_metrics(self, episodes: list, stats: list[RolloutStats], sample_s: float) -> None:
+        """Success, return (env rewards), length, invalid share, per-type success and the time split."""
+        wins, returns, lengths, invalid, tokens = [], [], [], [], 0
+        by_type: dict[str, list[float]] = defaultdict(list)
+        for ep in episodes:
+            final = ep.get_infos(-1)
+            won = float(bool(final.get("won", False)))
+            wins.append(won)
+            by_type[str(final.get("task_type", "all"))].append(won)
+            returns.append(float(ep.get_return()))
+            lengths.append(len(ep))
+            invalid.extend(bool(x) for x in ep.get_extra_model_outputs(INVALID))
+            tokens += sum(len(ids) for ids in ep.get_extra_model_outputs(ACTION_IDS))
+        gen_s = sum(s.generation_s for s in stats)
+        values = {
+            "success_rate": float(np.mean(wins)) if wins else 0.0,
+            "episode_return_mean": float(np.mean(returns)) if returns else 0.0,
+            "episode_len_mean": float(np.mean(lengths)) if lengths else 0.0,
+            "invalid_action_share": float(np.mean(invalid)) if invalid else 0.0,
+            "num_episodes": float(len(episodes)),
+            "num_groups": float(len({ep.custom_data["group_id"] for ep in episodes})),
+            "time_generation_s": gen_s,
+            "time_env_s": sum(s.env_s for s in stats),
+            "time_connectors_s": sum(s.connector_s for s in stats),
+            "time_sampling_s": sample_s,
+            "generated_tokens": float(tokens),
+            "generated_tokens_per_s": tokens / gen_s if gen_s > 0 else 0.0,
+        }
+        for name, wins_of_type in by_type.items():
+            values[f"success_rate/{name}"] = float(np.mean(wins_of_type))
+        for name, value in values.items():
+            self.metrics.log_value(("gagpo", name), value, window=1)

@@ -1,0 +1,194 @@
+"""The LLM RLModule: a Hugging Face causal LM acting as an RLlib policy over text.
+
+On an EnvRunner (``inference_only``) the module samples through a generation backend: all prompts of one step go
+into one batched call, and the module returns the generated text as the action plus, per prompt, the prompt's
+token ids, the action's token ids and the behaviour log-prob of each action token. On the Learner the module
+computes the current and the frozen reference log-probs of those action tokens. The reference copy is kept out of
+the module's parameters and state (it is neither trained, checkpointed nor shipped to the EnvRunners); it is the
+initial weights, reloaded from ``model_path``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+
+from gagpo_rllib.generation.base import GenerationBackend, SamplingConfig
+from gagpo_rllib.logprobs import action_logprobs
+from gagpo_rllib.models import load_policy
+
+__all__ = ["LLMRLModule", "PROMPTS", "ADMISSIBLE", "GEN_SEED", "object_array"]
+
+# Keys of the env-to-module batch the module reads.
+PROMPTS = "prompts"
+ADMISSIBLE = "admissible"
+GEN_SEED = "gen_seed"
+
+# Keys of the exploration output (stored per step in the episode's extra model outputs).
+PROMPT_IDS = "prompt_ids"
+ACTION_IDS = "action_ids"
+ACTION_LOGP = "action_logp"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def object_array(items: Any) -> np.ndarray:
+    """A 1-D object array (RLlib keeps those whole; a list of lists or strings would be split)."""
+    items = list(items)
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+class LLMRLModule(TorchRLModule):
+    """A causal LM policy whose action is the generated text of one turn.
+
+    ``model_config`` keys: ``model_path`` (required), ``dtype`` ("float32"), ``backend`` ("hf" or "vllm"),
+    ``backend_kwargs`` (dict), ``sampling`` (``SamplingConfig`` fields for exploration), ``eval_sampling``
+    (for ``forward_inference``; defaults to ``sampling``), ``reference`` (True: keep the frozen reference copy on
+    the learner; False when the KL coefficient is 0, which saves its memory and forward pass).
+    """
+
+    def setup(self) -> None:
+        cfg = dict(self.model_config or {})
+        path = cfg.get("model_path")
+        if not path:
+            raise ValueError("model_config['model_path'] is required: a causal LM folder or hub id")
+        dtype_name = cfg.get("dtype", "float32")
+        if dtype_name not in _DTYPES:
+            raise ValueError(f"model_config['dtype'] must be one of {sorted(_DTYPES)}, got {dtype_name!r}")
+        self.model_path = str(path)
+        self.dtype = _DTYPES[dtype_name]
+        self.model, self.tokenizer = load_policy(self.model_path, dtype=self.dtype)
+        self.sampling = SamplingConfig(**cfg.get("sampling", {}))
+        self.eval_sampling = SamplingConfig(**cfg.get("eval_sampling", cfg.get("sampling", {})))
+        self.backend_name = cfg.get("backend", "hf")
+        self.backend_kwargs = dict(cfg.get("backend_kwargs", {}))
+        if self.backend_name not in ("hf", "vllm"):
+            raise ValueError(f"model_config['backend'] must be 'hf' or 'vllm', got {self.backend_name!r}")
+        self._backend: GenerationBackend | None = None
+        # Seconds spent in the backend so far (EnvRunners report the time split per iteration from it).
+        self.generation_time_s = 0.0
+        # Kept outside nn.Module registration: not a parameter, not in the state, not sent to EnvRunners.
+        object.__setattr__(self, "_reference", None)
+        if not self.inference_only and cfg.get("reference", True):
+            ref, _ = load_policy(self.model_path, dtype=self.dtype)
+            ref.requires_grad_(False)
+            object.__setattr__(self, "_reference", ref)
+
+    # ----------------------------------------------------------------------------------------------- properties
+    @property
+    def vocab_size(self) -> int:
+        """Size of the logits' last dimension (may exceed ``len(tokenizer)``)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @property
+    def reference_model(self) -> torch.nn.Module | None:
+        return self._reference
+
+    @property
+    def backend(self) -> GenerationBackend:
+        """The rollout backend, built on first use (HF shares this module's model, so weight sync is free)."""
+        if self._backend is None:
+            from gagpo_rllib.generation import make_backend
+
+            if self.backend_name == "hf":
+                device = next(self.model.parameters()).device
+                self._backend = make_backend("hf", (self.model, self.tokenizer), device=device)
+            else:
+                self._backend = make_backend("vllm", self.model_path, **self.backend_kwargs)
+        return self._backend
+
+    # ------------------------------------------------------------------------------------------------ forwards
+    def _generate(self, batch: dict[str, Any], sampling: SamplingConfig) -> dict[str, Any]:
+        prompts = [str(p) for p in batch[PROMPTS]]
+        admissible = batch.get(ADMISSIBLE)
+        if sampling.constrained and admissible is None:
+            raise ValueError("constrained decoding needs the batch's 'admissible' action lists")
+        start = time.perf_counter()
+        outs = self.backend.generate(
+            prompts,
+            sampling=sampling,
+            admissible=[list(a) for a in admissible] if sampling.constrained else None,
+            seed=batch.get(GEN_SEED),
+        )
+        self.generation_time_s += time.perf_counter() - start
+        return {
+            Columns.ACTIONS: object_array(o.text for o in outs),
+            PROMPT_IDS: object_array(list(o.prompt_ids) for o in outs),
+            ACTION_IDS: object_array(list(o.action_ids) for o in outs),
+            ACTION_LOGP: object_array(list(o.logprobs) for o in outs),
+        }
+
+    def _forward_exploration(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        with torch.no_grad():
+            return self._generate(batch, self.sampling)
+
+    def _forward_inference(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        with torch.no_grad():
+            return self._generate(batch, self.eval_sampling)
+
+    def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        """Current log-probs (with grad), reference log-probs (no grad) and entropy of the action tokens."""
+        prompts, actions, masks = unpad_token_batch(batch, self.vocab_size)
+        common = dict(
+            pad_token_id=self.pad_token_id, temperature=self.sampling.temperature, allowed_masks=masks
+        )
+        logp, mask, entropy = action_logprobs(self.model, prompts, actions, with_entropy=True, **common)
+        out = {"logp": logp, "mask": mask, "entropy": entropy}
+        if self._reference is not None:
+            device = logp.device
+            if next(self._reference.parameters()).device != device:
+                self._reference.to(device)
+            with torch.no_grad():
+                ref_logp, _, _ = action_logprobs(self._reference, prompts, actions, **common)
+            out["ref_logp"] = ref_logp
+        return out
+
+    # ----------------------------------------------------------------------------------------------- state sync
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Load new weights and push them to the rollout backend (a no-op copy for HF, which shares the model)."""
+        super().set_state(state)
+        if self._backend is not None:
+            if self.backend_name != "hf":
+                self._backend.update_weights(self.model.state_dict())
+            self._backend.reset_cache()
+
+
+def unpad_token_batch(
+    batch: dict[str, Any], vocab_size: int
+) -> tuple[list[list[int]], list[list[int]], list[torch.Tensor | None] | None]:
+    """Turn the learner batch's padded token tensors back into per-step lists (and allowed-token masks).
+
+    Layout (written by the grouped-advantage connector): ``prompt_ids`` [B, P] left-padded with ``prompt_len``;
+    ``action_ids`` [B, A] right-padded with ``action_len``; optional ``allowed_ids`` [B, A, K] holding, per action
+    position, the allowed token ids padded with -1.
+    """
+    prompt_ids = torch.as_tensor(batch["prompt_ids"])
+    prompt_len = torch.as_tensor(batch["prompt_len"]).tolist()
+    action_ids = torch.as_tensor(batch["action_ids"])
+    action_len = torch.as_tensor(batch["action_len"]).tolist()
+    width = prompt_ids.shape[1]
+    prompts = [prompt_ids[i, width - n :].tolist() for i, n in enumerate(prompt_len)]
+    actions = [action_ids[i, :n].tolist() for i, n in enumerate(action_len)]
+    masks = None
+    if "allowed_ids" in batch:
+        allowed = torch.as_tensor(batch["allowed_ids"])
+        masks = []
+        for i, n in enumerate(action_len):
+            ids = allowed[i, :n]
+            mask = torch.zeros(n, vocab_size, dtype=torch.bool)
+            valid = ids >= 0
+            rows = torch.arange(n).unsqueeze(1).expand_as(ids)[valid]
+            mask[rows, ids[valid]] = True
+            masks.append(mask)
+    return prompts, actions, masks

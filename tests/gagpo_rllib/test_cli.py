@@ -1,0 +1,158 @@
+"""The ``rllib`` command: train file (stop, checkpoint frequency, restore), help, argument errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import ray
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from gagpo_rllib.cli import build_parser, main
+
+TRAIN_FILE = """
+from envs.maze import MazeEnv
+from gagpo_rllib.algorithm import GAGPOConfig
+
+config = (
+    GAGPOConfig()
+    .environment(MazeEnv, env_config={{"split": "train", "num_tasks": 4}})
+    .env_runners(num_env_runners=0)
+    .gagpo(model_path={model!r}, group_size=2, groups_per_iteration=2, constrained_decoding=True,
+           max_new_tokens=8, max_steps=6)
+    .training(lr=5e-4, minibatch_size=512)
+    .debugging(seed=0)
+)
+stop = {{"training_iteration": 5}}
+"""
+
+
+def write_train_file(folder: Path, model: Path) -> Path:
+    path = folder / "maze_tiny.py"
+    path.write_text(TRAIN_FILE.format(model=str(model)))
+    return path
+
+
+def progress_rows(run: Path) -> list[dict[str, str]]:
+    files = sorted(run.rglob("progress.csv"))
+    assert files, f"no progress.csv under {run}"
+    with open(files[0], newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_help_lists_every_command_and_train_option(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    top = capsys.readouterr().out
+    for command in ("train", "evaluate", "plot", "export"):
+        assert command in top
+    with pytest.raises(SystemExit):
+        main(["train", "file", "--help"])
+    text = capsys.readouterr().out
+    for option in (
+        "--stop",
+        "--checkpoint-freq",
+        "--storage-path",
+        "--num-env-runners",
+        "--restore",
+        "--resume",
+    ):
+        assert option in text
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    assert "--temperature" in capsys.readouterr().out
+
+
+def test_bad_arguments_are_named(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "file", "x.py", "--stop", "[1, 2]"])
+    assert exit_info.value.code == 2
+    assert "--stop must be a JSON object" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="training file not found"):
+        main(["train", "file", str(tmp_path / "missing.py")])
+    bad = tmp_path / "bad.py"
+    bad.write_text("config = 3\n")
+    with pytest.raises(ValueError, match="must define `config`"):
+        main(["train", "file", str(bad)])
+    args = build_parser().parse_args(["export", "ckpt", "out", "--dtype", "bfloat16"])
+    assert (args.checkpoint, args.out_dir, args.dtype) == ("ckpt", "out", "bfloat16")
+
+
+def test_train_file_checkpoints_and_restores(
+    ray_session, tmp_path: Path, tiny_policy_path: Path, capsys
+) -> None:
+    train_file = write_train_file(tmp_path, tiny_policy_path)
+    storage = tmp_path / "results"
+    code = main(
+        [
+            "train",
+            "file",
+            str(train_file),
+            "--stop",
+            '{"training_iteration": 2}',
+            "--checkpoint-freq",
+            "1",
+            "--storage-path",
+            str(storage),
+            "--name",
+            "first",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "iter 1/2" in out and "iter 2/2" in out and "s/iter" in out and "ETA" in out
+    assert "checkpoint: " in out
+    rows = progress_rows(storage / "first")
+    assert [int(r["training_iteration"]) for r in rows] == [1, 2]  # --stop overrides the file's 5
+    checkpoints = sorted((storage / "first").rglob("checkpoint_0*"))
+    assert len(checkpoints) == 2  # --checkpoint-freq 1: one per iteration (the last doubles as the end one)
+    # Tune's standard TensorBoard logger holds the same GAGPO metrics, one point per iteration.
+    events = EventAccumulator(str(next((storage / "first").rglob("events.out.tfevents*")).parent))
+    events.Reload()
+    success = events.Scalars("ray/tune/gagpo/success_rate")
+    assert [e.step for e in success] == [1, 2]
+    assert [e.value for e in success] == pytest.approx([float(r["gagpo/success_rate"]) for r in rows])
+    scalars = set(events.Tags()["scalars"])
+    for tag in (
+        "learners/default_policy/kl",
+        "learners/gagpo/singleton_share",
+        "gagpo/generated_tokens_per_s",
+    ):
+        assert f"ray/tune/{tag}" in scalars
+    first_lifetime = float(rows[0]["num_env_steps_sampled_lifetime"])
+    trained_lifetime = float(rows[-1]["num_env_steps_sampled_lifetime"])
+
+    code = main(
+        [
+            "train",
+            "file",
+            str(train_file),
+            "--stop",
+            '{"training_iteration": 1}',
+            "--restore",
+            str(checkpoints[-1]),
+            "--storage-path",
+            str(storage),
+            "--name",
+            "restored",
+        ]
+    )
+    assert code == 0
+    restored = progress_rows(storage / "restored")
+    # The restored run continues the checkpoint's counters: its first iteration counts the earlier steps too.
+    assert float(restored[0]["num_env_steps_sampled_lifetime"]) > trained_lifetime > first_lifetime
+    result = json.loads((next((storage / "restored").rglob("result.json"))).read_text().splitlines()[-1])
+    assert 0.0 <= result["gagpo"]["success_rate"] <= 1.0
+
+    with pytest.raises(FileNotFoundError, match="checkpoint to restore not found"):
+        main(["train", "file", str(train_file), "--restore", str(tmp_path / "nope")])

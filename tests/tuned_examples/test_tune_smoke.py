@@ -1,0 +1,127 @@
+"""The tuned examples: ALFWorld/WebShop configs (CPU default and the paper's set-up) and a 2-trial Tune sweep."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+from ray import tune
+
+from gagpo_rllib.algorithm import GAGPOConfig
+from gagpo_rllib.evaluation import config_from_checkpoint
+from gagpo_rllib.train import load_train_file
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "tuned_examples"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny_policies")
+
+
+@pytest.fixture
+def offline_env(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
+    monkeypatch.setenv("ALFWORLD_DATA", str(cache / "alfworld_data"))
+    monkeypatch.setenv("GAGPO_TINY_ALFWORLD_DIR", str(cache / "alfworld"))
+    monkeypatch.setenv("GAGPO_TINY_WEBSHOP_DIR", str(cache / "webshop"))
+    monkeypatch.delenv("GAGPO_MODEL", raising=False)
+    monkeypatch.delenv("GAGPO_GPUS", raising=False)
+
+
+def sweep_module():
+    sys.modules.pop("tuned_examples.gagpo_alfworld", None)
+    sys.modules.pop("tuned_examples.tune_gagpo_alfworld", None)
+    return importlib.import_module("tuned_examples.tune_gagpo_alfworld")
+
+
+@pytest.mark.parametrize(
+    ("name", "env", "max_steps"), [("alfworld", "AlfworldEnv", 30), ("webshop", "WebShopEnv", 15)]
+)
+def test_cpu_default_of_each_example(offline_env, cache: Path, name: str, env: str, max_steps: int) -> None:
+    spec = load_train_file(EXAMPLES / f"gagpo_{name}.py")
+    config = spec.config
+    assert isinstance(config, GAGPOConfig) and config.env.__name__ == env
+    assert config.model_path == str(cache / name) and (cache / name / "config.json").is_file()
+    assert config.constrained_decoding and config.backend == "hf" and config.dtype == "float32"
+    assert config.max_steps == max_steps and spec.stop == {"training_iteration": 5}
+    assert config.evaluation_interval == 5 and config.custom_evaluation_function is not None
+    assert (
+        config.evaluation_config["env_config"]["split"]
+        == {"alfworld": "valid_unseen", "webshop": "eval"}[name]
+    )
+    config.validate()  # a runnable configuration: every GAGPO field checked
+
+
+@pytest.mark.parametrize(("name", "max_steps"), [("alfworld", 50), ("webshop", 15)])
+def test_paper_setup_with_a_model(
+    offline_env, monkeypatch: pytest.MonkeyPatch, tiny_policy_path: Path, name: str, max_steps: int
+) -> None:
+    monkeypatch.setenv("GAGPO_MODEL", str(tiny_policy_path))
+    spec = load_train_file(EXAMPLES / f"gagpo_{name}.py")
+    c = spec.config
+    assert (c.model_path, c.group_size, c.groups_per_iteration, c.max_steps) == (
+        str(tiny_policy_path),
+        8,
+        16,
+        max_steps,
+    )
+    assert (c.history_length, c.gamma, c.lr, c.kl_coeff, c.temperature, c.eval_temperature) == (
+        2,
+        0.95,
+        1e-6,
+        0.01,
+        1.0,
+        0.4,
+    )
+    assert not c.constrained_decoding and (c.backend, c.dtype) == ("hf", "float32")  # no GPU here
+    assert spec.stop == {"training_iteration": 150}
+    assert c.evaluation_interval == 5
+    assert c.evaluation_config["env_config"]["split"] == {"alfworld": "valid_unseen", "webshop": "eval"}[name]
+    c.validate()
+    module = importlib.import_module(f"tuned_examples.gagpo_{name}")
+    gpu = module.paper_config(str(tiny_policy_path), num_gpus=1)
+    assert (gpu.backend, gpu.dtype, gpu.num_gpus_per_env_runner) == ("vllm", "bfloat16", 0.5)
+    assert (
+        gpu.evaluation_config["backend_kwargs"]["gpu_memory_utilization"]
+        < gpu.backend_kwargs["gpu_memory_utilization"]
+    )
+
+
+def test_resources_fit_the_machine(offline_env, tiny_policy_path: Path) -> None:
+    sweep = sweep_module()
+    base = GAGPOConfig().gagpo(model_path=str(tiny_policy_path)).env_runners(num_env_runners=2)
+    config, concurrent = sweep.fit_to_machine(base, num_cpus=2)
+    assert (config.num_env_runners, concurrent) == (0, 1)  # would otherwise wait forever for a third CPU
+    config, concurrent = sweep.fit_to_machine(base, num_cpus=9)
+    assert (config.num_env_runners, concurrent) == (2, 3)
+    gpu = base.copy(copy_frozen=False).env_runners(num_gpus_per_env_runner=0.5)
+    assert sweep.fit_to_machine(gpu, num_cpus=32, num_gpus=2)[1] == 2
+    swept = sweep.with_search_space(base, {"lam": [0.9, 1.0], "group_size": [2, 4]})
+    assert swept.lam == tune.grid_search([0.9, 1.0]) and base.lam == 0.95
+    with pytest.raises(ValueError, match="unknown field"):
+        sweep.with_search_space(base, {"omega": [1.0]})
+
+
+def test_smoke_sweep_reports_the_best_trial(offline_env, tmp_path: Path, capsys) -> None:
+    sweep = sweep_module()
+    try:
+        code = sweep.main(["--smoke", "--storage", str(tmp_path), "--num-cpus", "2"])
+    finally:
+        ray.shutdown()
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "2 CPUs, 0 GPUs -> 1 trial(s) at a time" in out
+    assert "best trial: lam=" in out
+    with open(tmp_path / "tune_gagpo_alfworld_smoke" / "sweep_summary.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted(float(r["lam"]) for r in rows) == [0.9, 1.0]
+    assert all(r["error"] == "" and 0.0 <= float(r["success_rate"]) <= 1.0 for r in rows)
+    # Each trial's algorithm really ran with its own lam (read back from its checkpoint).
+    for row in rows:
+        checkpoint = sorted(Path(row["path"]).glob("checkpoint_*"))[-1]
+        assert config_from_checkpoint(checkpoint).lam == float(row["lam"])

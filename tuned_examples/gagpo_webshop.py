@@ -1,0 +1,164 @@
+"""GAGPO on WebShop: the paper's set-up when a model is given, the embedded CPU default otherwise.
+
+With ``GAGPO_MODEL=/path/to/Qwen2.5-1.5B-Instruct`` (or ``--model``) this is the paper's configuration:
+16 goals x 8 rollouts per iteration, at most 15 steps, history 2, gamma 0.95, lr 1e-6, k3 KL 0.01, sampling at
+temperature 1.0, free-form ``<think>/<action>`` answers (the model writes its own search queries), pages shown
+without the instruction (verl-agent's page text), vLLM rollouts and bf16 on a GPU (``GAGPO_GPUS``), and validation
+every 5 iterations on the eval split at temperature 0.4 (``evaluation/valid/score`` and ``.../success``;
+``rllib evaluate`` prints the same columns for a checkpoint).
+
+Without a model it is the embedded CPU default: a tiny random-init policy whose tokenizer is trained on the bundled
+catalogue's pages, constrained decoding over the admissible actions (so ``search[<your query>]`` is sent as it is:
+the tiny policy can click and buy but cannot compose queries), 4 goals x 4 rollouts, 5 iterations, then a
+validation on 8 eval goals.
+
+    rllib train file tuned_examples/gagpo_webshop.py --stop '{"training_iteration": 2}'
+    GAGPO_MODEL=/models/Qwen2.5-1.5B-Instruct python tuned_examples/gagpo_webshop.py --iterations 150
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from envs.webshop import WebShopEnv
+from envs.webshop.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
+from gagpo_rllib.algorithm import GAGPOConfig
+from gagpo_rllib.evaluation import EvalSettings, with_validation
+from gagpo_rllib.models import build_tiny_policy
+
+VALID_SPLIT = "eval"
+POLICY_DIR = Path(
+    os.environ.get("GAGPO_TINY_WEBSHOP_DIR", Path.home() / ".cache" / "gagpo_rllib" / "tiny_webshop_policy")
+)
+ENV_CONFIG = {"split": "train", "strip_instruction": True}
+
+
+def webshop_corpus(num_goals: int = 24) -> list[str]:
+    """Goals, the search page, a results page and a product page for the first training goals."""
+    env = WebShopEnv(ENV_CONFIG)
+    texts: list[str] = []
+    for task_id in range(min(num_goals, env.num_tasks)):
+        obs, info = env.reset(seed=0, options={"task_id": task_id})
+        texts += [obs, info["task"], *info["admissible_actions"]]
+        obs, _, _, _, info = env.step(f"search[{info['task']}]")
+        texts += [obs, *info["admissible_actions"]]
+        products = [a for a in info["admissible_actions"] if a.startswith("click[b0")]
+        if products:
+            obs, _, _, _, info = env.step(products[0])
+            texts += [obs, *info["admissible_actions"]]
+    return sorted(set(texts))
+
+
+def webshop_policy(out_dir: Path = POLICY_DIR, *, seed: int = 0) -> Path:
+    """A tiny policy for the CPU default, built once (delete the folder to rebuild it)."""
+    if (out_dir / "config.json").is_file() and (out_dir / "tokenizer_config.json").is_file():
+        return out_dir
+    corpus = webshop_corpus() + [FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, "user assistant system"]
+    return build_tiny_policy(out_dir, corpus=corpus, vocab_size=1024, seed=seed)
+
+
+def paper_config(model_path: str, *, num_gpus: int | None = None, seed: int = 0) -> GAGPOConfig:
+    """The paper's WebShop set-up (Qwen2.5-1.5B-Instruct): vLLM rollouts and bf16 when a GPU is there."""
+    gpus = int(os.environ.get("GAGPO_GPUS", "0")) if num_gpus is None else num_gpus
+    on_gpu = gpus > 0
+    config = (
+        GAGPOConfig()
+        .environment(WebShopEnv, env_config=dict(ENV_CONFIG))
+        .env_runners(num_env_runners=1, num_gpus_per_env_runner=0.5 if on_gpu else 0)
+        .learners(num_learners=0, num_gpus_per_learner=0.5 if on_gpu else 0)
+        .gagpo(
+            model_path=model_path,
+            estimator="gagpo",
+            group_size=8,
+            groups_per_iteration=16,
+            max_steps=15,
+            history_length=2,
+            gamma=0.95,
+            lam=0.95,
+            kl_coeff=0.01,
+            entropy_coeff=0.001,
+            temperature=1.0,
+            eval_temperature=0.4,
+            max_new_tokens=512,
+            max_prompt_tokens=4096,
+            constrained_decoding=False,
+            backend="vllm" if on_gpu else "hf",
+            backend_kwargs={"gpu_memory_utilization": 0.4, "dtype": "bfloat16"} if on_gpu else {},
+            dtype="bfloat16" if on_gpu else "float32",
+        )
+        .training(lr=1e-6, num_epochs=1, minibatch_size=64, grad_clip=1.0)
+        .debugging(seed=seed)
+    )
+    # Validation every 5 iterations on the eval split at eval_temperature (its own, smaller vLLM engine).
+    return with_validation(
+        config,
+        split=VALID_SPLIT,
+        interval=5,
+        settings=EvalSettings(split=VALID_SPLIT, seed=seed),
+        **({"backend_kwargs": {"gpu_memory_utilization": 0.15, "dtype": "bfloat16"}} if on_gpu else {}),
+    )
+
+
+def cpu_config(*, policy_dir: Path = POLICY_DIR, num_env_runners: int = 1, seed: int = 0) -> GAGPOConfig:
+    """The embedded default: a tiny policy on the bundled catalogue, constrained decoding, CPU only."""
+    config = (
+        GAGPOConfig()
+        .environment(WebShopEnv, env_config=dict(ENV_CONFIG))
+        .env_runners(num_env_runners=num_env_runners)
+        .gagpo(
+            model_path=str(webshop_policy(policy_dir)),
+            estimator="gagpo",
+            group_size=4,
+            groups_per_iteration=4,
+            max_steps=15,
+            history_length=2,
+            max_prompt_tokens=1024,
+            constrained_decoding=True,
+            max_new_tokens=24,
+            kl_coeff=0.01,
+            entropy_coeff=0.01,
+        )
+        .training(lr=5e-4, num_epochs=1, minibatch_size=512, grad_clip=1.0)
+        .debugging(seed=seed)
+    )
+    # Validation after every 5 iterations on 8 tasks of eval.
+    return with_validation(
+        config,
+        split=VALID_SPLIT,
+        interval=5,
+        settings=EvalSettings(split=VALID_SPLIT, num_tasks=8, seed=seed),
+    )
+
+
+def make_config(model_path: str | None = None, **kwargs) -> GAGPOConfig:
+    """The paper's set-up for a model path, the CPU default without one."""
+    return paper_config(model_path, **kwargs) if model_path else cpu_config(**kwargs)
+
+
+MODEL = os.environ.get("GAGPO_MODEL")
+config = make_config(MODEL)
+stop = {"training_iteration": 150 if MODEL else 5}
+
+
+if __name__ == "__main__":
+    from gagpo_rllib.train import train
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model", default=MODEL, help="model folder (default $GAGPO_MODEL; none: CPU default)"
+    )
+    parser.add_argument("--gpus", type=int, default=None, help="GPUs to use (default $GAGPO_GPUS or 0)")
+    parser.add_argument("--iterations", type=int, default=None, help="iteration budget")
+    parser.add_argument("--storage", default="results", help="folder for results and checkpoints")
+    parser.add_argument("--checkpoint-freq", type=int, default=10, help="checkpoint every N iterations")
+    args = parser.parse_args()
+    config = paper_config(args.model, num_gpus=args.gpus) if args.model else cpu_config()
+    train(
+        config,
+        stop={**stop, "training_iteration": args.iterations or (150 if args.model else 5)},
+        storage_path=args.storage,
+        name="gagpo_webshop",
+        checkpoint_freq=args.checkpoint_freq,
+    )
