@@ -77,6 +77,7 @@ class GAGPOConfig(AlgorithmConfig):
         self.entropy_coeff: float = 0.001
         self.invalid_penalty: float = 0.1
         self.skip_uniform_groups: bool = False
+        self.recompute_old_logprobs: bool | None = None
         # Prompts and decoding.
         self.history_length: int = 2
         self.max_prompt_tokens: int | None = None
@@ -125,6 +126,7 @@ class GAGPOConfig(AlgorithmConfig):
         entropy_coeff: float | None = NotProvided,
         invalid_penalty: float | None = NotProvided,
         skip_uniform_groups: bool | None = NotProvided,
+        recompute_old_logprobs: bool | None = NotProvided,
         history_length: int | None = NotProvided,
         max_prompt_tokens: int | None = NotProvided,
         max_steps: int | None = NotProvided,
@@ -150,6 +152,9 @@ class GAGPOConfig(AlgorithmConfig):
             clip_eps, kl_coeff, entropy_coeff: loss parameters (clip range, k3 KL weight, entropy bonus).
             invalid_penalty: subtracted from the reward of an invalid step, for learning only.
             skip_uniform_groups: drop groups whose episodes all got the same return from the update.
+            recompute_old_logprobs: recompute the ratio's old log-probs with the learner's weights before the
+                update instead of using the rollout's; None (default) does so exactly when the rollout numerics
+                differ from the learner's (backend "vllm", or a dtype other than float32).
             history_length: H, (observation, action) pairs shown in the prompt.
             max_prompt_tokens: truncate the oldest history beyond this many prompt tokens.
             max_steps: the env's step limit (passed as ``env_config["max_steps"]``); None keeps the env's.
@@ -212,6 +217,11 @@ class GAGPOConfig(AlgorithmConfig):
         need(is_num(self.entropy_coeff) and self.entropy_coeff >= 0.0, "entropy_coeff", "a number >= 0")
         need(is_num(self.invalid_penalty) and self.invalid_penalty >= 0.0, "invalid_penalty", "a number >= 0")
         need(isinstance(self.skip_uniform_groups, bool), "skip_uniform_groups", "a bool")
+        need(
+            self.recompute_old_logprobs is None or isinstance(self.recompute_old_logprobs, bool),
+            "recompute_old_logprobs",
+            "None or a bool",
+        )
         need(is_int(self.history_length) and self.history_length >= 0, "history_length", "an int >= 0")
         need(
             self.max_prompt_tokens is None
@@ -323,7 +333,15 @@ class GAGPOConfig(AlgorithmConfig):
             invalid_penalty=self.invalid_penalty,
             skip_uniform_groups=self.skip_uniform_groups,
             constrained=self.constrained_decoding,
+            recompute_old_logprobs=self.uses_recomputed_old_logprobs,
         )
+
+    @property
+    def uses_recomputed_old_logprobs(self) -> bool:
+        """Whether the learner recomputes the old log-probs (see ``recompute_old_logprobs``)."""
+        if self.recompute_old_logprobs is not None:
+            return bool(self.recompute_old_logprobs)
+        return self.backend != "hf" or self.dtype != "float32"
 
 
 def task_plan(

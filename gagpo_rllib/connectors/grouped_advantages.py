@@ -8,6 +8,12 @@ columns ``group_id, episode_id, reward, state_key`` and calls ``advantages.compu
 The reward column is the environment's reward minus ``invalid_penalty`` on invalid steps: the penalty shapes the
 learning signal only. Reported episode returns and success rates (EnvRunner metrics) use the env's own rewards.
 
+With ``recompute_old_logprobs`` the "old" log-probs of the ratio are recomputed by the learner's own weights
+(before the update, without gradient) instead of taken from the rollout backend. Needed whenever the rollout
+numerics differ from the learner's: vLLM, or bf16/fp16 kernels on a GPU (cached decoding and the full forward
+differ by up to ~4e-3 in bf16), where the first-minibatch ratio would otherwise not start at 1. The largest
+difference between rollout and recomputed log-probs is logged as ``old_logp_rollout_max_dev``.
+
 With ``skip_uniform_groups`` the rows of every group whose episodes all got the same (shaped) return are dropped:
 such groups carry little or no signal (GRPO and RLOO give exactly zero), yet an adaptive optimiser would still
 take full-size steps on what remains of their gradient.
@@ -30,6 +36,7 @@ from gagpo_rllib.advantages import compute_advantages, grouping_diagnostics
 from gagpo_rllib.connectors.env_to_module import single_module
 from gagpo_rllib.connectors.module_to_env import INVALID
 from gagpo_rllib.generation.constraints import allowed_token_masks
+from gagpo_rllib.logprobs import action_logprobs
 from gagpo_rllib.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
 
 __all__ = ["GROUP_ID", "GroupedAdvantages", "StepRows", "episode_rows", "uniform_groups"]
@@ -129,6 +136,18 @@ def _pad(seqs: list[list], width: int, fill, dtype, left: bool) -> torch.Tensor:
     return out
 
 
+def _max_abs_dev(a: list[list[float]], b: list[list[float]]) -> float:
+    """max |a - b| over the finite entries (a vLLM rollout marks log-probs it could not map with NaN)."""
+    flat_a = np.fromiter((x for row in a for x in row), dtype=np.float64)
+    flat_b = np.fromiter((x for row in b for x in row), dtype=np.float64)
+    if flat_a.shape != flat_b.shape:
+        raise ValueError(
+            f"rollout and recomputed log-probs differ in length: {flat_a.shape} vs {flat_b.shape}"
+        )
+    finite = np.isfinite(flat_a)
+    return float(np.max(np.abs(flat_a[finite] - flat_b[finite]))) if finite.any() else 0.0
+
+
 class GroupedAdvantages(ConnectorV2):
     """Episodes -> ``compute_advantages`` -> ``{DEFAULT_MODULE_ID: {padded token tensors, advantages}}``."""
 
@@ -145,6 +164,8 @@ class GroupedAdvantages(ConnectorV2):
         invalid_penalty: float = 0.1,
         skip_uniform_groups: bool = False,
         constrained: bool = False,
+        recompute_old_logprobs: bool = False,
+        recompute_chunk_size: int = 64,
         **kwargs,
     ):
         super().__init__(input_observation_space, input_action_space, **kwargs)
@@ -153,6 +174,8 @@ class GroupedAdvantages(ConnectorV2):
         self.invalid_penalty = float(invalid_penalty)
         self.skip_uniform_groups = bool(skip_uniform_groups)
         self.constrained = bool(constrained)
+        self.recompute_old_logprobs = bool(recompute_old_logprobs)
+        self.recompute_chunk_size = int(recompute_chunk_size)
 
     def advantages(self, rows: StepRows) -> np.ndarray:
         return compute_advantages(
@@ -179,6 +202,20 @@ class GroupedAdvantages(ConnectorV2):
         actions = [rows.action_ids[i] for i in idx]
         if any(len(a) == 0 for a in actions):
             raise ValueError("a step has no action tokens; the generation backend must return >= 1 token")
+        masks = None
+        if self.constrained:
+            masks = [
+                allowed_token_masks(module.tokenizer, rows.admissible[i], act, module.vocab_size)
+                for i, act in zip(idx, actions, strict=True)
+            ]
+        old_logp = [rows.old_logp[i] for i in idx]
+        if self.recompute_old_logprobs:
+            recomputed = self._learner_logprobs(module, prompts, actions, masks)
+            if metrics is not None:
+                metrics.log_value(
+                    ("gagpo", "old_logp_rollout_max_dev"), _max_abs_dev(old_logp, recomputed), reduce="max"
+                )
+            old_logp = recomputed
         p_width = max((len(p) for p in prompts), default=0)
         a_width = max((len(a) for a in actions), default=0)
         data = {
@@ -186,28 +223,45 @@ class GroupedAdvantages(ConnectorV2):
             "prompt_len": torch.as_tensor([len(p) for p in prompts], dtype=torch.long),
             "action_ids": _pad(actions, a_width, module.pad_token_id, torch.long, left=False),
             "action_len": torch.as_tensor([len(a) for a in actions], dtype=torch.long),
-            "old_logp": _pad([rows.old_logp[i] for i in idx], a_width, 0.0, torch.float32, left=False),
+            "old_logp": _pad(old_logp, a_width, 0.0, torch.float32, left=False),
             "advantages": torch.as_tensor(adv[idx], dtype=torch.float32),
             "invalid": torch.as_tensor(rows.invalid[idx], dtype=torch.float32),
         }
-        if self.constrained:
-            data["allowed_ids"] = self._allowed_ids(
-                module, [rows.admissible[i] for i in idx], actions, a_width
-            )
+        if masks is not None:
+            data["allowed_ids"] = self._allowed_ids(masks, a_width)
         batch[DEFAULT_MODULE_ID] = data
         return batch
 
+    def _learner_logprobs(
+        self,
+        module,
+        prompts: list[list[int]],
+        actions: list[list[int]],
+        masks: list[torch.Tensor] | None,
+    ) -> list[list[float]]:
+        """Per-token log-probs of each action under the learner's current weights, in chunks, without grad."""
+        out: list[list[float]] = []
+        with torch.no_grad():
+            for start in range(0, len(prompts), self.recompute_chunk_size):
+                chunk = slice(start, start + self.recompute_chunk_size)
+                logp, mask, _ = action_logprobs(
+                    module.model,
+                    prompts[chunk],
+                    actions[chunk],
+                    pad_token_id=module.pad_token_id,
+                    temperature=module.sampling.temperature,
+                    allowed_masks=None if masks is None else masks[chunk],
+                )
+                for row, keep in zip(logp.float().cpu(), mask.cpu().bool(), strict=True):
+                    out.append(row[keep].tolist())
+        return out
+
     @staticmethod
-    def _allowed_ids(
-        module, admissible: list[list[str]], actions: list[list[int]], width: int
-    ) -> torch.Tensor:
+    def _allowed_ids(masks: list[torch.Tensor], width: int) -> torch.Tensor:
         """Per action position, the token ids allowed during constrained sampling, padded with -1."""
-        per_step = []
-        for adm, act in zip(admissible, actions, strict=True):
-            mask = allowed_token_masks(module.tokenizer, adm, act, module.vocab_size)
-            per_step.append([torch.nonzero(row).flatten() for row in mask])
+        per_step = [[torch.nonzero(row).flatten() for row in mask] for mask in masks]
         depth = max((len(ids) for step in per_step for ids in step), default=1)
-        out = torch.full((len(actions), max(width, 1), depth), -1, dtype=torch.long)
+        out = torch.full((len(masks), max(width, 1), depth), -1, dtype=torch.long)
         for i, step in enumerate(per_step):
             for k, ids in enumerate(step):
                 out[i, k, : len(ids)] = ids

@@ -85,3 +85,15 @@ def test_validate_sizes_the_runners_for_one_iteration() -> None:
 def test_reference_copy_only_when_the_kl_term_is_on() -> None:
     assert _valid().module_model_config()["reference"] is True
     assert _valid().gagpo(kl_coeff=0.0).module_model_config()["reference"] is False
+
+
+def test_old_logprobs_are_recomputed_exactly_when_rollout_numerics_differ():
+    from gagpo_rllib.algorithm import GAGPOConfig
+
+    config = GAGPOConfig().gagpo(model_path="m")
+    assert not config.uses_recomputed_old_logprobs
+    assert config.copy().gagpo(dtype="bfloat16").uses_recomputed_old_logprobs
+    assert config.copy().gagpo(backend="vllm").uses_recomputed_old_logprobs
+    assert config.copy().gagpo(recompute_old_logprobs=True).uses_recomputed_old_logprobs
+    assert config.copy().gagpo(recompute_old_logprobs=True).grouped_advantages().recompute_old_logprobs
+    assert not config.copy().gagpo(backend="vllm", recompute_old_logprobs=False).uses_recomputed_old_logprobs

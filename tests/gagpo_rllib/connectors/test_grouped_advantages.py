@@ -145,3 +145,51 @@ def test_missing_group_and_incomplete_episode_are_errors(module, episodes) -> No
     ep.custom_data["group_id"] = 1
     with pytest.raises(ValueError, match="not complete"):
         GroupedAdvantages()(rl_module=module, batch={}, episodes=[ep])
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_recomputed_old_logprobs_come_from_the_learner_weights(tiny_policy_path: Path, episodes, constrained):
+    from gagpo_rllib.logprobs import action_logprobs
+    from gagpo_rllib.models import load_policy
+
+    model, tok = load_policy(str(tiny_policy_path))
+    module = SimpleNamespace(
+        model=model,
+        tokenizer=tok,
+        pad_token_id=tok.pad_token_id,
+        vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+        sampling=SimpleNamespace(temperature=0.7),
+    )
+    rows = episode_rows(episodes, 0.1)
+    masks = (
+        [
+            allowed_token_masks(tok, adm, act, module.vocab_size)
+            for adm, act in zip(rows.admissible, rows.action_ids, strict=True)
+        ]
+        if constrained
+        else None
+    )
+    with torch.no_grad():
+        expected, mask, _ = action_logprobs(
+            model,
+            rows.prompt_ids,
+            rows.action_ids,
+            pad_token_id=tok.pad_token_id,
+            temperature=0.7,
+            allowed_masks=masks,
+        )
+    expected = expected * mask
+
+    metrics = MetricsLogger()
+    connector = GroupedAdvantages(
+        constrained=constrained, recompute_old_logprobs=True, recompute_chunk_size=2
+    )
+    data = connector(rl_module=module, batch={}, episodes=episodes, metrics=metrics)[DEFAULT_MODULE_ID]
+    width = data["old_logp"].shape[1]
+    torch.testing.assert_close(data["old_logp"], expected[:, :width].float(), atol=1e-6, rtol=0)
+    # The episodes' stored (rollout) log-probs are random numbers: the logged deviation shows they were replaced.
+    assert metrics.peek(("gagpo", "old_logp_rollout_max_dev")) > 0.01
+
+    kept = GroupedAdvantages(constrained=constrained)(rl_module=module, batch={}, episodes=episodes)
+    stored = kept[DEFAULT_MODULE_ID]["old_logp"]
+    assert stored[0, : len(rows.old_logp[0])].tolist() == pytest.approx(rows.old_logp[0])
