@@ -144,7 +144,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rllib", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="rllib", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_file(sub)
     _add_evaluate(sub)
