@@ -33,30 +33,11 @@ from gagpo_rllib.evaluation import (
 from gagpo_rllib.models import load_policy
 
 
-def maze_config(model: Path) -> GAGPOConfig:
-    return (
-        GAGPOConfig()
-        .environment(MazeEnv, env_config={"split": "train", "num_tasks": 4})
-        .env_runners(num_env_runners=0)
-        .gagpo(
-            model_path=str(model),
-            group_size=2,
-            groups_per_iteration=2,
-            constrained_decoding=True,
-            max_new_tokens=8,
-            max_steps=6,
-            lam=0.9,
-        )
-        .training(lr=5e-3, minibatch_size=512)
-        .debugging(seed=0)
-    )
-
-
 @pytest.fixture(scope="module")
-def checkpoint(tiny_policy_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def checkpoint(tiny_maze_config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A GAGPO checkpoint after one training iteration on the maze."""
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    algo = maze_config(tiny_policy_path).build_algo()
+    algo = tiny_maze_config(lam=0.9).build_algo()
     algo.train()
     path = Path(algo.save_to_path(str(tmp_path_factory.mktemp("ckpt") / "checkpoint_000000")))
     algo.stop()
@@ -200,8 +181,8 @@ def test_evaluate_command_on_checkpoint_and_on_untrained_model(
     assert all(e["length"] <= 4 for e in payload["per_episode"])
 
 
-def test_validation_during_training_plays_the_eval_split(checkpoint: Path, tiny_policy_path: Path) -> None:
-    config = maze_config(tiny_policy_path).gagpo(eval_temperature=0.6)
+def test_validation_during_training_plays_the_eval_split(checkpoint: Path, tiny_maze_config) -> None:
+    config = tiny_maze_config(lam=0.9, eval_temperature=0.6)
     config = with_validation(
         config, split="eval", interval=1, settings=EvalSettings(num_tasks=3, episodes_per_task=2)
     )

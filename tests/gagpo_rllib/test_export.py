@@ -11,8 +11,6 @@ import torch
 from ray.rllib.core.rl_module.rl_module import RLModule
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from envs.maze import MazeEnv
-from gagpo_rllib.algorithm import GAGPOConfig
 from gagpo_rllib.cli import main
 from gagpo_rllib.evaluation import MODULE_PATH
 from gagpo_rllib.export import export_checkpoint, read_module_checkpoint
@@ -20,25 +18,10 @@ from gagpo_rllib.models import load_policy
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tiny_policy_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def checkpoint(tiny_maze_config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A GAGPO checkpoint after one training iteration on the maze (weights moved away from the base)."""
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    config = (
-        GAGPOConfig()
-        .environment(MazeEnv, env_config={"split": "train", "num_tasks": 4})
-        .env_runners(num_env_runners=0)
-        .gagpo(
-            model_path=str(tiny_policy_path),
-            group_size=2,
-            groups_per_iteration=2,
-            constrained_decoding=True,
-            max_new_tokens=8,
-            max_steps=6,
-            eval_temperature=0.3,
-        )
-        .training(lr=5e-3, minibatch_size=512)
-        .debugging(seed=0)
-    )
+    config = tiny_maze_config(eval_temperature=0.3)
     algo = config.build_algo()
     algo.train()
     path = Path(algo.save_to_path(str(tmp_path_factory.mktemp("ckpt") / "checkpoint_000000")))
