@@ -58,11 +58,12 @@ def bench_steps(num_products: int, episodes: int) -> tuple[float, float]:
         return 1000 * (time.perf_counter() - start) / steps, build_s
 
 
-def search_corpus(num_products: int, queries: int) -> tuple[list[str], list[str]]:
+def search_corpus(num_products: int, queries: int) -> tuple[list[str], list[str], list[str]]:
+    """(documents, their asins, query texts) of a generated catalogue."""
     records, attributes, human = generate_catalogue(num_products, seed=1)
     catalogue = build_catalogue(records, attributes, human)
     texts = [attributes[r["asin"]]["instruction"] for r in records if r["asin"] in attributes][:queries]
-    return [document_text(p) for p in catalogue.products], texts
+    return [document_text(p) for p in catalogue.products], [p["asin"] for p in catalogue.products], texts
 
 
 def time_per_query(search, queries: list[str]) -> float:
@@ -73,9 +74,9 @@ def time_per_query(search, queries: list[str]) -> float:
 
 
 def bench_search(num_products: int, queries: int) -> dict[str, float]:
-    documents, texts = search_corpus(num_products, queries)
+    documents, asins, texts = search_corpus(num_products, queries)
     start = time.perf_counter()
-    index = BM25Index(documents)
+    index = BM25Index(documents, doc_ids=asins)
     out = {"index_s": time.perf_counter() - start}
     out["ours_ms"] = time_per_query(lambda q: index.search(q, 50), texts)
     try:

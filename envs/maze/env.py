@@ -5,6 +5,10 @@ whenever a room is revisited ("You are in the kitchen."), so the anchor states o
 the rollouts of one task instance; the observation text is the state key. The reward is sparse (only on reaching
 the goal), and a uniformly random policy over the admissible actions succeeds in at most `max_random_success` of
 episodes on every task instance (computed exactly when the task set is built).
+
+``difficulty="hard"`` plays the key maze of ``envs.maze.key_layout`` instead: a locked goal, a key off the way
+and a one-way gate, so a turn early in the episode decides success; the observation also says whether the agent
+carries the key.
 """
 
 from __future__ import annotations
@@ -15,13 +19,24 @@ from typing import Any
 
 import gymnasium as gym
 
+from envs.maze.key_layout import KeyMazeParams, KeyTask, build_key_tasks, key_state_graph
 from envs.maze.layout import SPLITS, Maze, MazeParams, MazeTask, build_tasks
 from envs.spaces import TextSpace
 
-__all__ = ["MazeEnv"]
+__all__ = ["DIFFICULTIES", "MazeEnv"]
 
-_ENV_KEYS = {"split": "train", "num_tasks": 8, "max_steps": None, "success_reward": 10.0}
-_PARAM_KEYS = {f.name: f.default for f in fields(MazeParams)}
+DIFFICULTIES = ("standard", "hard")
+_ENV_KEYS = {
+    "split": "train",
+    "num_tasks": 8,
+    "max_steps": None,
+    "success_reward": 10.0,
+    "difficulty": "standard",
+}
+_PARAM_KEYS = {
+    "standard": {f.name: f.default for f in fields(MazeParams)},
+    "hard": {f.name: f.default for f in fields(KeyMazeParams)},
+}
 _INT_KEYS = (
     "seed",
     "width",
@@ -30,6 +45,7 @@ _INT_KEYS = (
     "min_shortest_path",
     "max_shortest_path",
     "min_tasks_per_maze",
+    "max_fork_step",
 )
 
 
@@ -50,18 +66,26 @@ def _require_float(name: str, value: Any, low: float, high: float = float("inf")
     return float(value)
 
 
-def _parse_config(config: dict[str, Any] | None) -> tuple[MazeParams, str, int | None, int | None, float]:
+def _parse_config(
+    config: dict[str, Any] | None,
+) -> tuple[MazeParams | KeyMazeParams, str, int | None, int | None, float]:
     """Validate the env config; every bad key or value raises ValueError naming it."""
     config = dict(config or {})
-    unknown = sorted(set(config) - set(_ENV_KEYS) - set(_PARAM_KEYS))
+    difficulty = config.get("difficulty", "standard")
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"MazeEnv config 'difficulty' must be one of {DIFFICULTIES}, got {difficulty!r}")
+    param_keys = _PARAM_KEYS[difficulty]
+    unknown = sorted(set(config) - set(_ENV_KEYS) - set(param_keys))
     if unknown:
         raise ValueError(
-            f"MazeEnv config: unknown key(s) {unknown}; known keys: {sorted(set(_ENV_KEYS) | set(_PARAM_KEYS))}"
+            f"MazeEnv config: unknown key(s) {unknown} for difficulty {difficulty!r}; known keys: "
+            f"{sorted(set(_ENV_KEYS) | set(param_keys))}"
         )
-    merged = {**_ENV_KEYS, **_PARAM_KEYS, **config}
+    merged = {**_ENV_KEYS, **param_keys, **config}
     params = {}
     for name in _INT_KEYS:
-        params[name] = _require_int(name, merged[name], 0 if name == "seed" else 1)
+        if name in param_keys:
+            params[name] = _require_int(name, merged[name], 0 if name in ("seed", "max_fork_step") else 1)
     if params["max_shortest_path"] < params["min_shortest_path"]:
         raise ValueError(
             f"MazeEnv config 'max_shortest_path' ({params['max_shortest_path']}) is below "
@@ -71,6 +95,16 @@ def _parse_config(config: dict[str, Any] | None) -> tuple[MazeParams, str, int |
     params["max_random_success"] = _require_float(
         "max_random_success", merged["max_random_success"], 0.0, 1.0
     )
+    if "min_random_success" in param_keys:
+        low = merged["min_random_success"]
+        if isinstance(low, bool) or not isinstance(low, (int, float)) or not 0.0 <= low <= 1.0:
+            raise ValueError(f"MazeEnv config 'min_random_success' must be a number in [0, 1], got {low!r}")
+        if low > params["max_random_success"]:
+            raise ValueError(
+                f"MazeEnv config 'min_random_success' ({low}) is above 'max_random_success' "
+                f"({params['max_random_success']})"
+            )
+        params["min_random_success"] = float(low)
     max_steps = merged["max_steps"]
     max_steps = None if max_steps is None else _require_int("max_steps", max_steps, 1)
     split = merged["split"]
@@ -79,7 +113,8 @@ def _parse_config(config: dict[str, Any] | None) -> tuple[MazeParams, str, int |
     num_tasks = merged["num_tasks"]
     num_tasks = None if num_tasks is None else _require_int("num_tasks", num_tasks, 1)
     reward = _require_float("success_reward", merged["success_reward"], 0.0)
-    return MazeParams(**params), split, num_tasks, max_steps, reward
+    param_cls = KeyMazeParams if difficulty == "hard" else MazeParams
+    return param_cls(**params), split, num_tasks, max_steps, reward
 
 
 def _normalise(action: Any) -> str | None:
@@ -97,7 +132,12 @@ class MazeEnv(gym.Env):
     int overrides it for every instance without changing the task set), step_limit_factor (3.0), success_reward
     (10.0), width/height (grid, 4x3), num_mazes (2), min_shortest_path / max_shortest_path (5 / 7),
     max_random_success (0.2, the cap on each instance's exact random-policy success under its own limit),
-    min_tasks_per_maze (4: pairs a maze must offer each split).
+    min_tasks_per_maze (4: pairs a maze must offer each split), difficulty ("standard" | "hard").
+
+    With difficulty "hard" the task set is ``envs.maze.key_layout``'s and its keys replace the ones above that
+    differ: width/height 4x4, min_shortest_path / max_shortest_path 8 / 14, step_limit_factor 2.5,
+    min_random_success / max_random_success 0.03 / 0.15, max_fork_step 2 (see ``KeyMazeParams``). There, a move
+    through the locked goal door without the key is admissible and leaves the agent where it is (not invalid).
 
     An inadmissible or unparsable action leaves the agent where it is, counts as a step and sets
     info["invalid_action"]; the observation (and so the state key) stays that of the current room.
@@ -109,7 +149,9 @@ class MazeEnv(gym.Env):
         super().__init__()
         params, self.split, num_tasks, self._max_steps, self.success_reward = _parse_config(config)
         self.params = params
-        self._mazes, splits = build_tasks(params)
+        self.difficulty = "hard" if isinstance(params, KeyMazeParams) else "standard"
+        self._mazes, splits = build_key_tasks(params) if self.difficulty == "hard" else build_tasks(params)
+        self._all_tasks = tuple(t for split in SPLITS for t in splits[split])
         available = splits[self.split]
         if num_tasks is None:
             num_tasks = len(available)
@@ -118,11 +160,15 @@ class MazeEnv(gym.Env):
                 f"MazeEnv config 'num_tasks'={num_tasks} exceeds the {len(available)} task instances of split "
                 f"{self.split!r} for these maze settings; lower num_tasks or raise num_mazes"
             )
-        self._tasks: tuple[MazeTask, ...] = available[:num_tasks]
-        self._views = [_MazeView(m) for m in self._mazes]
+        self._tasks: tuple[MazeTask | KeyTask, ...] = available[:num_tasks]
+        if self.difficulty == "hard":
+            self._views = [_KeyMazeView(self._mazes[t.maze_index], t) for t in self._tasks]
+        else:
+            maze_views = [_MazeView(m) for m in self._mazes]
+            self._views = [maze_views[t.maze_index] for t in self._tasks]
         self.observation_space = TextSpace()
         self.action_space = TextSpace()
-        self._task: MazeTask | None = None
+        self._task: MazeTask | KeyTask | None = None
         self._task_id = -1
         self._view = self._views[0]
         self._goal_text = ""
@@ -135,7 +181,7 @@ class MazeEnv(gym.Env):
     def num_tasks(self) -> int:
         return len(self._tasks)
 
-    def task(self, task_id: int) -> MazeTask:
+    def task(self, task_id: int) -> MazeTask | KeyTask:
         """The instance `task_id` of this split (start, goal, shortest path, step limit, random success)."""
         return self._tasks[self._check_task_id(task_id)]
 
@@ -145,9 +191,14 @@ class MazeEnv(gym.Env):
 
     def corpus(self) -> list[str]:
         """Every task, observation and action text of this task set: material to train a small tokenizer on."""
-        texts = []
+        texts = [_task_text(t, self._mazes[t.maze_index]) for t in self._all_tasks]
+        for maze in self._mazes:
+            texts += [f"go to the {name}" for name in maze.names]
+            if self.difficulty == "hard":
+                texts += [
+                    f"You are in the {name}.{suffix}" for name in maze.names for suffix in ("", _CARRIES)
+                ]
         for view in self._views:
-            texts += [f"go to the {name}" for name in view.maze.names]
             texts += view.observations
             texts += [a for actions in view.admissible for a in actions]
         return sorted(set(texts))
@@ -166,8 +217,8 @@ class MazeEnv(gym.Env):
             task_id = self._check_task_id(options["task_id"])
         self._task_id = task_id
         self._task = self._tasks[task_id]
-        self._view = self._views[self._task.maze_index]
-        self._goal_text = f"go to the {self._view.maze.names[self._task.goal]}"
+        self._view = self._views[task_id]
+        self._goal_text = _task_text(self._task, self._view.maze)
         self._limit = self._task.max_steps if self._max_steps is None else self._max_steps
         self._room = self._task.start
         self._steps = 0
@@ -182,7 +233,7 @@ class MazeEnv(gym.Env):
         invalid = nxt is None
         if not invalid:
             self._room = nxt
-        won = self._room == self._task.goal
+        won = self._view.room_of[self._room] == self._task.goal
         truncated = not won and self._steps >= self._limit
         self._done = won or truncated
         reward = self.success_reward if won else 0.0
@@ -204,21 +255,53 @@ class MazeEnv(gym.Env):
             "task_id": self._task_id,
             "admissible_actions": list(self._view.admissible[self._room]),
             "state_key": observation,
-            "won": self._room == self._task.goal,
-            "task_type": f"maze{self._task.maze_index}",
+            "won": self._view.room_of[self._room] == self._task.goal,
+            "task_type": f"{self._view.kind}{self._task.maze_index}",
             "invalid_action": invalid,
-            "room": self._view.maze.names[self._room],
+            "room": self._view.maze.names[self._view.room_of[self._room]],
+            "carries_key": self._view.carries_key[self._room],
             "steps": self._steps,
             "max_steps": self._limit,
             "shortest_path": self._task.shortest_path,
         }
 
 
+_CARRIES = " You carry the key."
+
+
+def _task_text(task: MazeTask | KeyTask, maze: Maze) -> str:
+    if isinstance(task, KeyTask):
+        return f"get the key in the {maze.names[task.key]}, then go to the {maze.names[task.goal]}"
+    return f"go to the {maze.names[task.goal]}"
+
+
 class _MazeView:
-    """Per-room texts and moves of one maze, precomputed so that a step is a few dictionary lookups."""
+    """Per-state texts and moves of one maze (state = room), precomputed so a step is a few dictionary lookups."""
+
+    kind = "maze"
 
     def __init__(self, maze: Maze):
         self.maze = maze
+        self.room_of = list(range(maze.num_rooms))
+        self.carries_key = [False] * maze.num_rooms
         self.observations = [f"You are in the {name}." for name in maze.names]
         self.admissible = [tuple(f"go {d}" for d, _ in exits) for exits in maze.exits]
         self.moves = [{f"go {d}": j for d, j in exits} for exits in maze.exits]
+
+
+class _KeyMazeView:
+    """The same for one key-maze task: state = room + num_rooms * carries key (``key_layout.StateGraph``)."""
+
+    kind = "key_maze"
+
+    def __init__(self, maze: Maze, task: KeyTask):
+        graph = key_state_graph(maze, task.start, task.key, task.goal, (task.fork, task.gate))
+        self.maze = maze
+        self.room_of = [graph.room(s) for s in range(len(graph.moves))]
+        self.carries_key = [graph.has_key(s) for s in range(len(graph.moves))]
+        self.observations = [
+            f"You are in the {maze.names[r]}.{_CARRIES if k else ''}"
+            for r, k in zip(self.room_of, self.carries_key, strict=True)
+        ]
+        self.admissible = [tuple(f"go {d}" for d, _ in moves) for moves in graph.moves]
+        self.moves = [{f"go {d}": j for d, j in moves} for moves in graph.moves]

@@ -3,6 +3,11 @@
 The original WebShop searched with Lucene's English analysis (standard tokenisation, possessive stripping,
 lower-casing, Lucene's 33 default stop words, Porter stemming). Queries and documents go through the same
 analyser, so the same words meet in the index whatever their surface form.
+
+Lucene's Porter stemmer is Martin Porter's reference implementation, which departs from the published 1980
+algorithm: words of one or two letters are left alone ('xs', 'us'), 'logi' becomes 'log' ('technology' ->
+'technolog') and 'bli' becomes 'ble' ('possibly' -> 'possibl'). NLTK's ``PorterStemmer`` in its
+``MARTIN_EXTENSIONS`` mode implements exactly that variant (the Snowball 'porter' stemmer implements the paper).
 """
 
 from __future__ import annotations
@@ -10,9 +15,9 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-import Stemmer
+from nltk.stem.porter import PorterStemmer
 
-__all__ = ["LUCENE_STOP_WORDS", "analyze"]
+__all__ = ["LUCENE_STOP_WORDS", "analyze", "stem"]
 
 LUCENE_STOP_WORDS: frozenset[str] = frozenset(
     [
@@ -58,12 +63,13 @@ _TOKEN = re.compile(r"\w+(?:(?:(?<=[^\W\d])[.'’:](?=[^\W\d])|(?<=\d)[.,;'’](
 _POSSESSIVE = re.compile(r"['’]s$")
 _MAX_TOKEN_LENGTH = 255
 
-_STEMMER = Stemmer.Stemmer("porter")
+_STEMMER = PorterStemmer(mode=PorterStemmer.MARTIN_EXTENSIONS)
 
 
 @lru_cache(maxsize=1 << 18)
-def _stem(word: str) -> str:
-    return _STEMMER.stemWord(word)
+def stem(word: str) -> str:
+    """Lucene's Porter stem of a lower-cased word (memoised: catalogues repeat their words)."""
+    return _STEMMER.stem(word, to_lowercase=False)
 
 
 def analyze(text: str) -> list[str]:
@@ -73,5 +79,5 @@ def analyze(text: str) -> list[str]:
         token = _POSSESSIVE.sub("", match.group())
         if not token or token in LUCENE_STOP_WORDS or len(token) > _MAX_TOKEN_LENGTH:
             continue
-        terms.append(_stem(token))
+        terms.append(stem(token))
     return terms

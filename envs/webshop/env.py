@@ -1,17 +1,25 @@
 """WebShop as a gymnasium text environment: find and buy the product an instruction describes.
 
-Config keys (all optional): split ('train' | 'eval' | 'test'), seed (draws the task when reset gets no task_id),
-max_steps (15), data_dir (the original data files; None: the bundled generated catalogue), file_set ('small':
-the *_1000 files, or 'full'), num_products (load at most this many product records), human_goals (False:
-synthetic goals, as verl-agent trains), goal_seed (233: prices, ceilings and goal order), reward_mode ('won':
-success_reward when the purchase scores 1.0, else 0; 'score': the 0-1 purchase score), success_reward (10.0),
-noun_extractor ('auto' | 'spacy' | 'fallback'), strip_instruction (False: pages show the instruction as the
+Config keys (all optional): split ('train' | 'eval', and 'test' under the 'webshop' scheme), split_scheme
+('webshop': the original baselines' test [:500], eval [500:1500], train [1500:]; 'gigpo': the GiGPO reference's
+eval [:500], train [500:]; below 3,000 goals the cut points scale, see goals.py), seed (draws the task when reset
+gets no task_id), max_steps (15), data_dir (the original data files; None: the bundled generated catalogue),
+file_set ('small': the *_1000 files, or 'full'), num_products (load at most this many product records),
+human_goals (False: synthetic goals, as verl-agent trains), goal_seed (233: prices, ceilings and goal order),
+reward_mode ('won': success_reward when the purchase scores 1.0, else 0; 'score': the 0-1 purchase score),
+success_reward (10.0), noun_extractor ('auto' | 'spacy' | 'fallback'), strip_instruction (False: pages show the instruction as the
 original does; True: the observation starts after it, as verl-agent's prompts show pages, since the prompt
-carries the task already). The state key always holds the full page.
+carries the task already), state_key ('page': info["state_key"] is the full page text, as the GiGPO reference
+groups states, so pages that differ only in selected options are one state; 'page_and_options': the page text
+plus the options selected on an item page, which are invisible in the text but change what 'buy now' earns).
+
+info["provenance"] names the data (bundled or the user's files), the noun extractor and the split with its goal
+range; ``WebShopEnv.describe_config`` gives the same without building the shop (for progress lines).
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 import random
 from typing import Any
@@ -20,13 +28,18 @@ import gymnasium as gym
 
 from envs.spaces import TextSpace
 from envs.webshop.browser import transition
+from envs.webshop.goals import FULL_SIZE_GOALS, SPLIT_SCHEMES
+from envs.webshop.nouns import make_noun_extractor
 from envs.webshop.pages import Page, RenderedPage, render
-from envs.webshop.shop import get_shop
+from envs.webshop.shop import WebShop, get_shop
 
-__all__ = ["DEFAULT_CONFIG", "WebShopEnv"]
+__all__ = ["DEFAULT_CONFIG", "STATE_KEYS", "WebShopEnv"]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "split": "train",
+    "split_scheme": "webshop",
     "seed": 0,
     "max_steps": 15,
     "data_dir": None,
@@ -38,8 +51,11 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "success_reward": 10.0,
     "noun_extractor": "auto",
     "strip_instruction": False,
+    "state_key": "page",
 }
+STATE_KEYS = ("page", "page_and_options")
 _WIN_TOLERANCE = 1e-9
+_warned_scaled: set[tuple[str, str]] = set()
 
 
 def _check_config(config: dict[str, Any] | None) -> dict[str, Any]:
@@ -50,6 +66,12 @@ def _check_config(config: dict[str, Any] | None) -> dict[str, Any]:
     merged = {**DEFAULT_CONFIG, **config}
     if not isinstance(merged["max_steps"], int) or merged["max_steps"] < 1:
         raise ValueError(f"WebShopEnv: max_steps must be a positive int, got {merged['max_steps']!r}")
+    if merged["split_scheme"] not in SPLIT_SCHEMES:
+        raise ValueError(
+            f"WebShopEnv: split_scheme must be one of {sorted(SPLIT_SCHEMES)}, got {merged['split_scheme']!r}"
+        )
+    if merged["state_key"] not in STATE_KEYS:
+        raise ValueError(f"WebShopEnv: state_key must be one of {STATE_KEYS}, got {merged['state_key']!r}")
     if merged["reward_mode"] not in ("won", "score"):
         raise ValueError(f"WebShopEnv: reward_mode must be 'won' or 'score', got {merged['reward_mode']!r}")
     if merged["num_products"] is not None and (
@@ -59,6 +81,26 @@ def _check_config(config: dict[str, Any] | None) -> dict[str, Any]:
             f"WebShopEnv: num_products must be a positive int or None, got {merged['num_products']!r}"
         )
     return merged
+
+
+def _describe(config: dict[str, Any], noun_extractor: str, shop: WebShop | None = None) -> str:
+    data = (
+        "bundled"
+        if config["data_dir"] is None
+        else f"files in {config['data_dir']} ({config['file_set']} set)"
+    )
+    goals = "human" if config["human_goals"] else "synthetic"
+    split = f"{config['split']} ({config['split_scheme']} scheme)"
+    if shop is None:
+        data += f", {goals} goals"
+    else:
+        num_goals = len(shop.goals)
+        data += f" ({len(shop.catalogue)} products, {num_goals} {goals} goals)"
+        start, end = shop.splits(config["split_scheme"])[config["split"]]
+        split += f" = goals [{start}:{end}]"
+        if num_goals < FULL_SIZE_GOALS:
+            split += f", cut points scaled: fewer than {FULL_SIZE_GOALS:,} goals"
+    return f"data: {data} | nouns: {noun_extractor} | split: {split}"
 
 
 class WebShopEnv(gym.Env):
@@ -77,9 +119,24 @@ class WebShopEnv(gym.Env):
             int(c["goal_seed"]),
             c["noun_extractor"],
         )
-        self._goal_indices = self.shop.split_goal_indices(c["split"])
+        try:
+            self._goal_indices = self.shop.split_goal_indices(c["split"], c["split_scheme"])
+        except ValueError as error:
+            raise ValueError(f"WebShopEnv: {error}") from error
         if len(self._goal_indices) == 0:
             raise ValueError(f"WebShopEnv: split {c['split']!r} has no goals in {self.shop.catalogue.source}")
+        self.provenance = _describe(c, self.shop.noun_extractor_name, self.shop)
+        scaled = (self.shop.catalogue.source, c["split_scheme"])
+        if len(self.shop.goals) < FULL_SIZE_GOALS and scaled not in _warned_scaled:
+            _warned_scaled.add(scaled)
+            logger.warning(
+                "WebShop: %s has %d goals (< %d): the %s split cut points are scaled, so scores are not "
+                "comparable with the papers'",
+                self.shop.catalogue.source,
+                len(self.shop.goals),
+                FULL_SIZE_GOALS,
+                c["split_scheme"],
+            )
         self._weights = [self.shop.goals[i]["weight"] for i in self._goal_indices]
         self.observation_space = TextSpace()
         self.action_space = TextSpace()
@@ -88,9 +145,20 @@ class WebShopEnv(gym.Env):
         self.invalid_action_count = 0
         self._goal: dict[str, Any] | None = None
 
+    @staticmethod
+    def describe_config(config: dict[str, Any] | None = None) -> str:
+        """Data, noun extractor and split of an env_config, without building the shop."""
+        c = _check_config(config)
+        return _describe(c, make_noun_extractor(c["noun_extractor"])[1])
+
     @property
     def num_tasks(self) -> int:
         return len(self._goal_indices)
+
+    @property
+    def goal_indices(self) -> range:
+        """Positions in the shop's shuffled goal list of this split's tasks (task_id i is goal_indices[i])."""
+        return self._goal_indices
 
     def goal(self, task_id: int) -> dict[str, Any]:
         """The goal dict (original field names) of task ``task_id`` in this split."""
@@ -164,7 +232,9 @@ class WebShopEnv(gym.Env):
         return text
 
     def _state_key(self) -> str:
-        # Chosen options are invisible in the text but change what 'buy now' earns: they belong to the state.
+        if self.config["state_key"] != "page_and_options":
+            return self._rendered.observation
+        # Chosen options are invisible in the text but change what 'buy now' earns.
         if self._page.options and self._page.kind in ("item", "item_sub"):
             chosen = "; ".join(f"{k}: {v}" for k, v in self._page.options)
             return f"{self._rendered.observation} [SEP] selected: {chosen}"
@@ -191,6 +261,7 @@ class WebShopEnv(gym.Env):
             "invalid_action_count": self._episode_invalid,
             "goal_asin": self._goal["asin"],
             "noun_extractor": self.shop.noun_extractor_name,
+            "provenance": self.provenance,
         }
         if self._breakdown is not None:
             info["reward_breakdown"] = dict(self._breakdown)

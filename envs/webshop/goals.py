@@ -8,9 +8,12 @@ weight the mean of 1/(goal count) of their attributes. Human goals: one per inst
 goal_options a list, weight 1. Prices and ceilings come from ``random.Random(seed)``; the goal list is then
 shuffled by a fresh ``random.Random(seed)``, which with the original's seed 233 gives the original goal order.
 
-Splits: test [:500], eval [500:1500], train [1500:]. For fewer than 3,000 goals the cut points scale
-proportionally (test the first sixth, eval up to half, train the rest), which equals the fixed cut points at
-exactly 3,000 goals.
+Split schemes (cut points into the shuffled goal list): 'webshop', the original WebShop baselines' test [:500],
+eval [500:1500], train [1500:]; 'gigpo', the GiGPO reference's (verl-agent) eval [:500], train [500:]. Both
+evaluate on the same first 500 goals. With fewer than 3,000 goals the cut points scale by goals / 3,000 (500 ->
+the first sixth, 1,500 -> half), which equals the fixed ones at exactly 3,000 goals and keeps every split
+non-empty on a small catalogue; numbers from such a catalogue are not comparable with the papers' (a warning
+is logged, and the environment's description says "scaled").
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ from typing import Any
 from envs.webshop.catalogue import Catalogue
 
 __all__ = [
+    "DEFAULT_SCHEME",
+    "FULL_SIZE_GOALS",
     "NO_PRICE_LIMIT",
     "PRICE_CEILINGS",
     "SPLITS",
+    "SPLIT_SCHEMES",
     "build_goals",
     "draw_prices",
     "split_bounds",
@@ -35,7 +41,13 @@ __all__ = [
 PRICE_CEILINGS: tuple[float, ...] = tuple(10.0 * i for i in range(1, 100))
 NO_PRICE_LIMIT = 1_000_000
 SPLITS = ("test", "eval", "train")
-_FULL_SIZE_SPLITS = 3000
+# scheme -> split -> (start, end) cut points at full size (None: the end of the goal list).
+SPLIT_SCHEMES: dict[str, dict[str, tuple[int, int | None]]] = {
+    "webshop": {"test": (0, 500), "eval": (500, 1500), "train": (1500, None)},
+    "gigpo": {"eval": (0, 500), "train": (500, None)},
+}
+DEFAULT_SCHEME = "webshop"
+FULL_SIZE_GOALS = 3000
 
 logger = logging.getLogger(__name__)
 
@@ -135,10 +147,14 @@ def build_goals(
     return goals, prices
 
 
-def split_bounds(num_goals: int) -> dict[str, tuple[int, int]]:
-    """split name -> (start, end) into the shuffled goal list."""
-    if num_goals >= _FULL_SIZE_SPLITS:
-        test_end, eval_end = 500, 1500
-    else:
-        test_end, eval_end = num_goals // 6, num_goals // 2
-    return {"test": (0, test_end), "eval": (test_end, eval_end), "train": (eval_end, num_goals)}
+def split_bounds(num_goals: int, scheme: str = DEFAULT_SCHEME) -> dict[str, tuple[int, int]]:
+    """split name -> (start, end) into the shuffled goal list under ``scheme`` (scaled below 3,000 goals)."""
+    if scheme not in SPLIT_SCHEMES:
+        raise ValueError(f"split_scheme must be one of {sorted(SPLIT_SCHEMES)}, got {scheme!r}")
+
+    def cut(point: int | None) -> int:
+        if point is None:
+            return num_goals
+        return point if num_goals >= FULL_SIZE_GOALS else num_goals * point // FULL_SIZE_GOALS
+
+    return {split: (cut(start), cut(end)) for split, (start, end) in SPLIT_SCHEMES[scheme].items()}

@@ -112,12 +112,13 @@ def process_record(record: Any) -> dict[str, Any]:
 
 
 def document_text(product: dict[str, Any]) -> str:
-    """The text the original indexed: title, description, first bullet point and the option lists."""
-    option_texts = [f"{name}: {', and '.join(values)}" for name, values in product["options"].items()]
+    """The text the original indexed: title, description, first bullet point and the option groups, written
+    "name: v1, v2, and name2: w1" (values joined by ", ", groups by ", and ")."""
+    option_texts = [f"{name}: {', '.join(values)}" for name, values in product["options"].items()]
     parts = [
         product["Title"],
         product["Description"],
         product["BulletPoints"][0],
-        ", and also ".join(option_texts),
+        ", and ".join(option_texts),
     ]
     return " ".join(parts).lower()

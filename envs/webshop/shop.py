@@ -13,7 +13,7 @@ from typing import Any
 
 from envs.webshop.bm25 import BM25Index
 from envs.webshop.catalogue import BUNDLED_DATA_DIR, Catalogue, load_catalogue
-from envs.webshop.goals import build_goals, split_bounds
+from envs.webshop.goals import DEFAULT_SCHEME, build_goals, split_bounds
 from envs.webshop.nouns import make_noun_extractor
 from envs.webshop.products import document_text
 from envs.webshop.reward import get_reward
@@ -37,16 +37,24 @@ class WebShop:
     ):
         self.catalogue = catalogue
         self.goals, self.prices = build_goals(catalogue, human_goals=human_goals, seed=goal_seed)
-        self.splits = split_bounds(len(self.goals))
-        self.index = BM25Index([document_text(p) for p in catalogue.products])
+        self.index = BM25Index(
+            [document_text(p) for p in catalogue.products], doc_ids=[p["asin"] for p in catalogue.products]
+        )
         self.nouns, self.noun_extractor_name = make_noun_extractor(noun_extractor)
         self._search_cache: OrderedDict[str, list[str]] = OrderedDict()
 
-    def split_goal_indices(self, split: str) -> range:
-        """Indices into ``goals`` of the tasks of ``split``."""
-        if split not in self.splits:
-            raise ValueError(f"split must be one of {sorted(self.splits)}, got {split!r}")
-        start, end = self.splits[split]
+    def splits(self, scheme: str = DEFAULT_SCHEME) -> dict[str, tuple[int, int]]:
+        """split name -> (start, end) into ``goals`` under ``scheme`` ('webshop' or 'gigpo')."""
+        return split_bounds(len(self.goals), scheme)
+
+    def split_goal_indices(self, split: str, scheme: str = DEFAULT_SCHEME) -> range:
+        """Indices into ``goals`` of the tasks of ``split`` under ``scheme``."""
+        bounds = self.splits(scheme)
+        if split not in bounds:
+            raise ValueError(
+                f"split must be one of {sorted(bounds)} (split scheme {scheme!r}), got {split!r}"
+            )
+        start, end = bounds[split]
         return range(start, end)
 
     def search(self, keywords: str) -> list[str]:

@@ -113,7 +113,8 @@ def test_page_transitions_and_clickables(env):
     assert env.step("search[black]")[4]["state_key"] == page1
 
 
-def test_selected_option_is_in_state_key_not_in_text(env):
+def select_an_option(env: WebShopEnv):
+    """(info before, info after) clicking a goal option on the goal's item page."""
     task_id = next(i for i in range(env.num_tasks) if env.goal(i)["goal_options"])
     env.reset(options={"task_id": task_id})
     goal = env.goal(task_id)
@@ -121,7 +122,20 @@ def test_selected_option_is_in_state_key_not_in_text(env):
     obs, _, _, _, info = env.step(f"click[{goal['asin'].lower()}]")
     value = next(iter(goal["goal_options"].values()))
     obs2, _, _, _, info2 = env.step(f"click[{value}]")
-    assert obs2 == obs and info2["state_key"] != info["state_key"] and value in info2["state_key"]
+    assert obs2 == obs  # a selection does not show in the page text
+    return value, (obs, info), (obs2, info2)
+
+
+def test_default_state_key_is_the_page_text_as_the_gigpo_reference_groups(env):
+    _, (obs, info), (obs2, info2) = select_an_option(env)
+    assert info["state_key"] == obs and info2["state_key"] == obs2 == info["state_key"]
+
+
+def test_state_key_page_and_options_adds_the_selected_options():
+    env = WebShopEnv({"split": "test", "state_key": "page_and_options"})
+    value, (obs, info), (_, info2) = select_an_option(env)
+    assert info["state_key"] == obs  # nothing selected yet
+    assert info2["state_key"] != info["state_key"] and value in info2["state_key"]
 
 
 def test_malformed_actions_do_nothing_and_are_counted():
@@ -186,6 +200,9 @@ def test_splits_partition_the_goals():
         ({"split": "dev"}, "split must be one of"),
         ({"max_steps": 0}, "max_steps"),
         ({"reward_mode": "shaped"}, "reward_mode"),
+        ({"split_scheme": "verl"}, "split_scheme must be one of"),
+        ({"split": "test", "split_scheme": "gigpo"}, r"split must be one of \['eval', 'train'\]"),
+        ({"state_key": "options"}, "state_key must be one of"),
     ],
 )
 def test_bad_config_names_the_key(config, message):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from envs.webshop.colors import normalize_color
+from envs.webshop.colors import COLOR_WORDS, normalize_color
 from envs.webshop.nouns import fallback_nouns
 from envs.webshop.reward import (
+    fuzzy_match,
+    fuzzy_score,
     get_attribute_reward,
     get_option_reward,
     get_reward,
@@ -145,3 +147,66 @@ def test_human_goal_options_are_a_list():
 
 def test_fallback_nouns_drop_function_words_and_numbers():
     assert fallback_nouns("The 2 Pack of Large Soft Cotton T-Shirts for Men") == ["cotton", "shirts", "men"]
+
+
+def test_colour_vocabulary_is_the_originals_102_words_in_order():
+    assert len(COLOR_WORDS) == 102 and list(COLOR_WORDS) == sorted(COLOR_WORDS)
+    assert {"dark", "light", "royal", "christmas", "skull"} <= set(COLOR_WORDS)
+    assert COLOR_WORDS[:3] == ("alabaster", "apricot", "aqua") and COLOR_WORDS[-2:] == ("wine", "yellow")
+
+
+@pytest.mark.parametrize(
+    ("chosen", "wanted", "normalised", "expected"),
+    [
+        # 'dark' precedes 'grey', 'grey' precedes 'light': 'dark' vs 'grey' scores 25, no match.
+        ("dark grey", "light grey", ("dark", "grey"), (0.0, 0)),
+        # Both become 'dark' ('green' vs 'grey', were 'dark' not in the vocabulary, would score 67: no match).
+        ("dark green", "dark grey", ("dark", "dark"), (1.0, 1)),
+        # 'light' precedes 'pink': 'light' vs 'pink' scores 22, no match.
+        ("light pink", "pink", ("light", "pink"), (0.0, 0)),
+    ],
+)
+def test_colour_cases_of_the_original_vocabulary(chosen, wanted, normalised, expected):
+    assert (normalize_color(chosen), normalize_color(wanted)) == normalised
+    assert get_option_reward([chosen], [wanted]) == expected
+
+
+def test_fuzzy_score_is_rounded_before_the_85_threshold():
+    # Common tokens "cushions foam memory" (20 chars), left over 'pillow' (6) and 'compact' (7): the best ratio is
+    # 2 * 20 / (20 + 27) = 85.106 (rapidfuzz, unrounded, says more than 85), rounded 85: not above 85.
+    a, b = "memory foam cushions pillow", "memory foam cushions compact"
+    assert similarity(a, b) == pytest.approx(100 * 40 / 47)
+    assert fuzzy_score(a, b) == 85 and not fuzzy_match(a, b)
+    assert get_option_reward([a], [b]) == (0.0, 0)
+    # 'mats' vs 'mat': no common token, 2 * 3 / 7 = 85.714, rounded 86: a match.
+    assert fuzzy_score("mats", "mat") == 86 and get_option_reward(["mats"], ["mat"]) == (1.0, 1)
+    # "ergonomic office" (16) + 'seat' vs + 'chair': 2 * 16 / (16 + 21) = 86.486 -> 86.
+    assert fuzzy_score("ergonomic office seat", "ergonomic office chair") == 86
+
+
+def test_non_ascii_options_lose_only_characters_128_to_255():
+    # U+2013 (en dash) is kept as a non-word character, so it separates words: 's m' vs 's m' scores 100.
+    assert fuzzy_score("s\u2013m", "s-m") == 100 and get_option_reward(["s\u2013m"], ["s-m"]) == (1.0, 1)
+    # U+00A0 (no-break space) is deleted: 'sm' vs 'm s' (sorted tokens), 2 * 1 / 5 = 40.
+    assert fuzzy_score("s\u00a0m", "s m") == 40 and get_option_reward(["s\u00a0m"], ["s m"]) == (0.0, 0)
+    # Letters above 255 stay: equal CJK values match; one common character of 2 + 2: 50.
+    assert get_option_reward(["\u9ed1\u8272"], ["\u9ed1\u8272"]) == (1.0, 1)
+    assert fuzzy_score("\u9ed1\u8272", "\u767d\u8272") == 50
+    # 'e' with acute (U+00E9) is deleted: 'caf' vs 'cafe', 2 * 3 / 7 = 85.714 -> 86.
+    assert fuzzy_score("caf\u00e9", "cafe") == 86
+
+
+def test_chosen_standard_becomes_tan_and_misses_a_synthetic_style_standard_goal():
+    # 'tan' is a substring of 'standard', so the chosen 'standard' becomes 'tan'; the synthetic goal's pair
+    # ('style', 'standard') has no element equal to a vocabulary word and stays a pair. 'tan' vs 'standard
+    # style' shares no token: 2 * 3 / (3 + 14) = 35, no match. 'navy blue' -> 'blue' is a token of
+    # "('color', 'navy blue')": 100. So (1 attribute + 1 option + price) / (1 + 2 + 1) = 0.75.
+    assert normalize_color("standard") == "tan"
+    assert fuzzy_score("tan", ("style", "standard")) == 35
+    chosen = {"color": "navy blue", "style": "standard"}
+    synthetic = goal(name="hair extension", query="hair extensions", goal_options=dict(chosen))
+    score, info = get_reward(PRODUCT, synthetic, 30.0, chosen, words)
+    assert score == pytest.approx(3 / 4) and info["r_option"] == 0.5 and info["num_option_matches"] == 1
+    # A human goal's list is normalised the same way on both sides ('blue', 'tan'): both match.
+    human = {**synthetic, "goal_options": ["navy blue", "standard"]}
+    assert get_reward(PRODUCT, human, 30.0, chosen, words)[0] == 1.0

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-from envs.webshop.analyzer import LUCENE_STOP_WORDS, analyze
+from envs.webshop.analyzer import LUCENE_STOP_WORDS, analyze, stem
 from envs.webshop.bm25 import BM25Index, lucene_length
+from envs.webshop.catalogue import build_catalogue
+from envs.webshop.shop import WebShop
 
 
 def test_analyzer_stop_words_possessives_stemming_and_tokens():
@@ -61,3 +64,64 @@ def test_ties_keep_document_order_and_k_cuts():
 def test_empty_index_is_an_error():
     with pytest.raises(ValueError, match="at least one document"):
         BM25Index([])
+
+
+@pytest.mark.parametrize(
+    ("word", "stemmed"),
+    [
+        # Lucene's Porter stemmer (Martin Porter's reference code), not the 1980 paper's algorithm:
+        ("technology", "technolog"),  # 'logi' -> 'log' (the paper keeps 'technologi')
+        ("possibly", "possibl"),  # 'bli' -> 'ble', then the final e goes (the paper keeps 'possibli')
+        ("xs", "xs"),  # words of one or two letters are left alone (the paper gives 'x')
+        ("us", "us"),
+        ("is", "is"),
+        # Rules both share:
+        ("running", "run"),
+        ("generalization", "gener"),
+        ("caresses", "caress"),
+        ("ponies", "poni"),
+        ("happy", "happi"),
+    ],
+)
+def test_stemmer_follows_lucene_porter(word, stemmed):
+    assert stem(word) == stemmed
+
+
+def test_analyzer_keeps_short_words_and_lucene_stems():
+    assert analyze("XS Technology for us, possibly") == ["xs", "technolog", "us", "possibl"]
+
+
+def test_ties_are_ordered_by_doc_id_ascending_also_at_the_cut():
+    docs = ["shoe"] * 5 + ["shoe shoe", "boot"]
+    ids = ["B05", "B03", "B04", "B01", "B02", "B09", "B00"]
+    index = BM25Index(docs, doc_ids=ids)
+    # The two-'shoe' document scores highest; the five equal ones follow by id, and k cuts inside the tie.
+    assert index.search("shoe", k=4) == [5, 3, 4, 1]
+    assert index.search("shoe") == [5, 3, 4, 1, 2, 0]
+    with pytest.raises(ValueError, match="2 doc_ids for 7 documents"):
+        BM25Index(docs, doc_ids=ids[:2])
+
+
+def test_shop_search_orders_tied_products_by_asin():
+    file_order = ["B0000000Z9", "B0000000A2", "B0000000M5", "B0000000A1"]
+    records = [
+        {"asin": asin, "name": "Canvas Tote Bag", "pricing": "$10.00", "small_description": "Roomy."}
+        for asin in file_order
+    ]
+    attributes = {a: {"instruction": "a tote bag", "instruction_attributes": ["roomy"]} for a in file_order}
+    shop = WebShop(build_catalogue(records, attributes, {}), noun_extractor="fallback")
+    assert [p["asin"] for p in shop.catalogue.products] == file_order
+    assert shop.search("canvas tote") == sorted(file_order)
+
+
+def test_scores_are_lucene_float32():
+    docs = ["red apple", "green apple apples", "red car"]
+    index = BM25Index(docs)
+    scores = index.scores("apple apple apple")
+    assert scores.dtype == np.float32
+    f = np.float32
+    idf = f(math.log(1 + (3 - 2 + 0.5) / (2 + 0.5)))
+    average = f(7 / 3)
+    factor = f(1) / (f(0.9) * ((f(1) - f(0.4)) + f(0.4) * f(3) / average))  # the length-3 document
+    weight = f(3) * idf
+    assert scores[1] == weight - weight / (f(1) + f(2) * factor)
