@@ -1,21 +1,42 @@
-"""Tokens/s of the rollout backend vs raw Hugging Face generate on the same batch shape, measured side by side.
+"""Rollout benchmarks: tokens/s of the HF backend vs raw ``generate``, its peak memory, and vLLM memory shares.
 
-The backend adds tokenisation, the per-step raw logits (output_logits) and the behaviour log-prob extraction;
-the ratio shows what that costs. Runs the tiny offline policy by default; pass --model for any causal LM folder.
+Default: tokens/s of the rollout backend vs raw Hugging Face generate on the same batch shape, side by side (the
+backend adds tokenisation, its own decoding loop and the behaviour log-prob extraction). Runs the tiny offline
+policy by default; pass --model for any causal LM folder.
+
+``--memory``: peak memory of one HF-backend call with a 151,936-token vocabulary (Qwen2.5's; a tiny model with its
+embeddings resized), before (``generate(output_logits=True)``, every position's logits stacked, B x T x V floats:
+the way the backend used to work, reproduced here) and after (the backend's own loop: one [B, V] at a time). Each
+path runs in a fresh process and its peak is measured (CUDA: ``max_memory_allocated``; CPU: the peak resident set
+above the process's level before the call). On a machine without memory for the stacked path at the full length,
+``--before-tokens`` measures it at fewer new tokens; its figure at the full length is then extrapolated linearly
+from two measured lengths and printed as such (its size grows as B x T x V).
+
+``--vllm-memory``: the one-GPU memory arithmetic of gagpo_rllib/generation/vllm.py (engine weights, KV cache,
+``gpu_memory_utilization``) for Qwen2.5-1.5B and 7B.
 
     python benchmarks/bench_rollout.py [--model PATH] [--batch 16] [--prompt-tokens 300] [--new-tokens 32]
+    python benchmarks/bench_rollout.py --memory [--batch 64] [--new-tokens 256] [--before-tokens 16 32]
+    python benchmarks/bench_rollout.py --vllm-memory
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 
 import torch
 
 from gagpo_rllib.generation import HFGenerationBackend, SamplingConfig
+from gagpo_rllib.logprobs import scaled_logprobs
 from gagpo_rllib.models import build_tiny_policy, load_policy
+
+QWEN_VOCAB = 151_936
 
 
 def _prompts(tok, batch: int, prompt_tokens: int) -> list[str]:
@@ -88,18 +109,8 @@ def _run(fn, seed: int) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="model folder; default: a tiny offline policy (4 x 256)")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--prompt-tokens", type=int, default=300)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    ap.add_argument("--device", default="cpu")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def throughput(args: argparse.Namespace) -> None:
+    """Tokens/s of raw HF generate and of the backend (free and constrained), interleaved repeats."""
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model or build_tiny_policy(
             f"{tmp}/tiny", hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024
@@ -133,6 +144,224 @@ def main() -> None:
     for name, rate in rates.items():
         print(f"{name:34s}: {rate:9.1f} new tok/s   ratio to raw = {rate / raw:.3f}")
     print("(constrained answers are a few tokens each, so per-call costs weigh more in its tokens/s)")
+
+
+# ------------------------------------------------------------------------------------------------- peak memory
+def _stacked_logits_generate(model, tok, prompts: list[str], new_tokens: int, seed: int) -> int:
+    """The former backend: ``generate(output_logits=True)``, all logits stacked, then the log-probs."""
+    enc = tok(prompts, add_special_tokens=False, padding=True, return_tensors="pt").to(model.device)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(
+            **enc,
+            do_sample=True,
+            top_k=0,
+            top_p=1.0,
+            temperature=1.0,
+            max_new_tokens=new_tokens,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        new = out.sequences[:, enc["input_ids"].shape[1] :]
+        logits = torch.stack(out.logits, dim=1)  # [B, T, V]
+        scaled_logprobs(logits, new, temperature=1.0)
+    return int(new.numel())
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _measure(args: argparse.Namespace) -> None:
+    """Child process: peak memory of one call of ``args.path`` ("before" or "after"); prints one JSON line."""
+    import gc
+    import threading
+
+    model, tok = load_policy(args.model, device=args.device)
+    backend = HFGenerationBackend((model, tok), device=args.device)
+    prompts = _prompts(tok, args.batch, args.prompt_tokens)
+
+    def run(ps: list[str], n: int) -> int:
+        if args.path == "before":
+            return _stacked_logits_generate(model, tok, ps, n, seed=1)
+        outs = backend.generate(ps, sampling=SamplingConfig(max_new_tokens=n), seed=1)
+        return sum(len(o.action_ids) for o in outs)
+
+    run(prompts[:2], 2)  # warm-up
+    gc.collect()
+    cuda = torch.device(args.device).type == "cuda"
+    peak = [0]
+    stop = threading.Event()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _rss_bytes()
+        peak[0] = base
+
+        def sample() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], _rss_bytes())
+                time.sleep(0.002)
+
+        watcher = threading.Thread(target=sample, daemon=True)
+        watcher.start()
+    t0 = time.perf_counter()
+    tokens = run(prompts, args.new_tokens)
+    seconds = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.synchronize()
+        used = torch.cuda.max_memory_allocated() - base
+    else:
+        stop.set()
+        watcher.join()
+        used = max(peak[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - base
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    print(json.dumps({"peak_bytes": int(used), "tokens": tokens, "seconds": seconds, "vocab": vocab}))
+
+
+def _child(args: argparse.Namespace, model_dir: str, path: str, new_tokens: int) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--measure",
+        path,
+        "--model",
+        model_dir,
+        "--batch",
+        str(args.batch),
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--new-tokens",
+        str(new_tokens),
+        "--device",
+        args.device,
+    ]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def memory(args: argparse.Namespace) -> None:
+    """Peak memory of the HF backend before/after at a 151,936-token vocabulary; see the module docstring."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = args.model
+        if model_dir is None:
+            model, tok = load_policy(build_tiny_policy(f"{tmp}/tiny"))
+            model.resize_token_embeddings(QWEN_VOCAB, mean_resizing=False)
+            model_dir = f"{tmp}/tiny_qwen_vocab"
+            model.save_pretrained(model_dir)
+            tok.save_pretrained(model_dir)
+        after = _child(args, model_dir, "after", args.new_tokens)
+        before_at = sorted(set(args.before_tokens or [args.new_tokens]))
+        before = {t: _child(args, model_dir, "before", t) for t in before_at}
+    gb = 1e9
+    print(
+        f"HF backend, one call: {args.batch} prompts x ~{args.prompt_tokens} prompt tokens -> {args.new_tokens} "
+        f"new tokens, vocabulary {after['vocab']:,}, {args.device}"
+    )
+    print(
+        f"after  (own decoding loop, [B, V] per step): peak {after['peak_bytes'] / gb:7.3f} GB "
+        f"({after['tokens']} tokens, {after['seconds']:.1f} s)"
+    )
+    for t, r in before.items():
+        print(
+            f"before (stacked logits, B x T x V) at {t:4d} new tokens: peak {r['peak_bytes'] / gb:7.3f} GB "
+            f"({r['tokens']} tokens, {r['seconds']:.1f} s)"
+        )
+    if args.new_tokens in before:
+        full, how = before[args.new_tokens]["peak_bytes"], "measured"
+    else:
+        if len(before) < 2:
+            raise SystemExit("--before-tokens: give two lengths to extrapolate from, or the full length")
+        (t1, r1), (t2, r2) = list(before.items())[-2:]
+        slope = (r2["peak_bytes"] - r1["peak_bytes"]) / (t2 - t1)
+        full, how = r2["peak_bytes"] + slope * (args.new_tokens - t2), "extrapolated linearly"
+    stacked = args.batch * args.new_tokens * after["vocab"] * 4 / gb
+    print(
+        f"before at {args.new_tokens} new tokens ({how}): {full / gb:.2f} GB "
+        f"(the stacked fp32 logits alone: {stacked:.2f} GB)"
+    )
+    print(f"ratio before / after: {full / after['peak_bytes']:.0f}x")
+
+
+# ----------------------------------------------------------------------------------------- vLLM memory shares
+QWEN25 = {  # parameters; layers, KV heads, head dim (the models' config.json)
+    "Qwen2.5-1.5B": (1.54e9, 28, 2, 128),
+    "Qwen2.5-7B": (7.62e9, 28, 4, 128),
+}
+
+
+def vllm_memory(args: argparse.Namespace) -> None:
+    """The arithmetic behind the one-GPU memory shares in gagpo_rllib/generation/vllm.py."""
+    from gagpo_rllib.generation.vllm import engine_memory_gb, kv_cache_bytes_per_token, memory_share
+
+    gpu, max_len = args.gpu_gb, args.max_model_len
+    print(f"one {gpu:.0f} GB GPU, max_model_len {max_len}, bf16 engines, ~2 GB engine overhead each")
+    for name, (params, layers, kv_heads, head_dim) in QWEN25.items():
+        kv = kv_cache_bytes_per_token(layers, kv_heads, head_dim)
+        print(f"{name}: KV cache {kv / 1024:.0f} KiB per token")
+        for role, seqs in (
+            ("training engine", args.train_sequences),
+            ("evaluation engine", args.eval_sequences),
+        ):
+            m = engine_memory_gb(
+                num_params=params,
+                num_layers=layers,
+                num_kv_heads=kv_heads,
+                head_dim=head_dim,
+                sequences=seqs,
+                max_model_len=max_len,
+            )
+            print(
+                f"  {role:17s} ({seqs:3d} sequences): weights {m['weights']:5.1f} GB + KV {m['kv_cache']:5.1f} GB "
+                f"+ overhead {m['overhead']:.1f} GB = {m['total']:5.1f} GB -> gpu_memory_utilization "
+                f"{memory_share(m['total'], gpu):.2f}"
+            )
+        print(
+            f"  learner with AdamW: fp32 {params * 16 / 1e9:5.1f} GB, bf16 {params * 8 / 1e9:5.1f} GB "
+            f"(weights, grads, two moments); reference copy fp32 {params * 4 / 1e9:4.1f} GB, "
+            f"bf16 {params * 2 / 1e9:4.1f} GB"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="model folder; default: a tiny offline policy")
+    ap.add_argument("--batch", type=int, default=None, help="prompts per call (16; 64 with --memory)")
+    ap.add_argument("--prompt-tokens", type=int, default=300)
+    ap.add_argument("--new-tokens", type=int, default=None, help="new tokens (32; 256 with --memory)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--memory", action="store_true", help="peak memory before/after (see above)")
+    ap.add_argument("--before-tokens", type=int, nargs="+", default=None, help="lengths for the stacked path")
+    ap.add_argument("--vllm-memory", action="store_true", help="print the vLLM memory-share arithmetic")
+    ap.add_argument("--gpu-gb", type=float, default=80.0)
+    ap.add_argument("--max-model-len", type=int, default=2048 + 256)
+    ap.add_argument("--train-sequences", type=int, default=64)
+    ap.add_argument("--eval-sequences", type=int, default=16)
+    ap.add_argument("--measure", choices=["before", "after"], default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    big = args.memory or args.measure
+    args.batch = args.batch or (64 if big else 16)
+    args.new_tokens = args.new_tokens or (256 if big else 32)
+    if args.measure:
+        args.path = args.measure
+        _measure(args)
+    elif args.memory:
+        memory(args)
+    elif args.vllm_memory:
+        vllm_memory(args)
+    else:
+        throughput(args)
 
 
 if __name__ == "__main__":

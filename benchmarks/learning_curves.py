@@ -1,30 +1,53 @@
-"""Learning curves of GAGPO, GiGPO, GRPO and RLOO on the built-in maze: same seeds, same iteration budget.
+"""Learning curves of GAGPO, GiGPO, GRPO and RLOO on the built-in mazes: same seeds, same iteration budget.
 
 Every (estimator, seed) run trains the embedded default (``tuned_examples/gagpo_builtin.py``: tiny policy, CPU,
 constrained decoding) with only the advantage estimator changed, for the same number of iterations, as one Ray task
-on one CPU (runs go in parallel up to ``--num-cpus``). Writes a CSV of every iteration, a PNG of success vs
-iteration (mean over seeds, min-max band) and a Markdown table, and prints for each estimator the iterations to
-reach 50% and 80% success (rolling mean over ``--window`` iterations) per seed, and the area under the success
-curve (mean success over the whole budget) with its spread over seeds.
+on one CPU (runs go in parallel up to ``--num-cpus``). ``--task hard`` plays the key maze (``MazeEnv`` with
+``difficulty="hard"``) with a tiny policy whose tokenizer is trained on its texts; nothing else changes.
 
-    python benchmarks/learning_curves.py [--iterations 100] [--seeds 0 1 2] [--estimators gagpo gigpo grpo rloo]
-                                         [--num-cpus 2] [--out benchmarks/results]
+The benchmark runs in parts: each finished run is one CSV, ``<out>/<task>/runs/<estimator>_seed<seed>.csv``,
+skipped when present (``--force`` reruns it), so seeds and estimators can be spread over several sittings. After
+the runs, or with ``--from-csv`` alone (no training), every run CSV of the task is merged into
+``<out>/<task>/learning_curves.{csv,png,md}``: per estimator the mean success over the budget (area under the
+success curve) with a 95% seeded bootstrap interval over seeds, the paired difference GAGPO - X over the shared
+seeds with its interval, and the iterations to reach 50% / 80% success (rolling mean over ``--window``).
+
+Ablations of GAGPO (same protocol, selectable as estimators): ``gagpo-lam0``, ``gagpo-lam0.5``, ``gagpo-lam1``
+(GAE's lam; plain ``gagpo`` is lam 0.95) and ``gagpo-nostate``: one state key for every step
+(``GAGPOConfig.state_key``), so V(s) becomes the mean return-to-go over all steps of the group, no state grouping.
+``ppo`` is the PPO baseline with a learned critic (``gagpo_rllib.critic``); its runs also record the critic's
+``value_loss``.
+
+    python benchmarks/learning_curves.py [--task maze|hard] [--iterations 100] [--seeds 0 1 2]
+                                         [--estimators gagpo gigpo grpo rloo] [--num-cpus 2] [--force]
+                                         [--out benchmarks/results]
+    python benchmarks/learning_curves.py --task hard --from-csv      # merge the task's run CSVs, no training
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import runpy
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from gagpo_rllib.stats import mean_interval, paired_differences
+
 ROOT = Path(__file__).resolve().parents[1]
-ESTIMATORS = ("gagpo", "gigpo", "grpo", "rloo")
+
+# Extra env_config keys of each task on top of the embedded default's.
+TASKS = {"maze": {}, "hard": {"difficulty": "hard"}}
+# A ``GAGPOConfig.state_key`` function of this module: one key for every step, i.e. no state grouping.
+NO_STATE_KEY = "learning_curves:no_state_grouping"
+ESTIMATORS = ("gagpo", "gigpo", "grpo", "rloo", "ppo")
 FIELDS = (
+    "task",
     "estimator",
     "seed",
     "iteration",
@@ -36,20 +59,71 @@ FIELDS = (
     "time_generation_s",
     "time_learner_s",
     "wall_s",
+    "num_state_groups",
+    "value_loss",
+)
+# GAGPO ablations: (advantage estimator, GAGPOConfig.gagpo overrides). Plain "gagpo" is the lam 0.95 point.
+ABLATIONS = {
+    "gagpo-lam0": ("gagpo", {"lam": 0.0}),
+    "gagpo-lam0.5": ("gagpo", {"lam": 0.5}),
+    "gagpo-lam1": ("gagpo", {"lam": 1.0}),
+    "gagpo-nostate": ("gagpo", {"state_key": NO_STATE_KEY}),
+}
+HARD_POLICY_DIR = Path(
+    os.environ.get(
+        "GAGPO_TINY_HARD_POLICY_DIR", Path.home() / ".cache" / "gagpo_rllib" / "tiny_key_maze_policy"
+    )
 )
 
 
-def run_one(estimator: str, seed: int, iterations: int, partial_dir: str | None = None) -> list[dict]:
-    """Train one (estimator, seed) for ``iterations`` iterations on the local EnvRunner; one row per iteration.
+def variants() -> tuple[str, ...]:
+    """Every selectable run name: the estimators, then the GAGPO ablations."""
+    return (*ESTIMATORS, *ABLATIONS)
 
-    With ``partial_dir`` the rows so far are also rewritten to ``<estimator>_seed<seed>.csv`` after every iteration,
-    so an interrupted or long benchmark can be followed and still leaves its data.
+
+def no_state_grouping(info: dict, episode: object = None) -> str:
+    """The state key of the "no state grouping" ablation: the same for every step."""
+    return "any state"
+
+
+def hard_policy() -> Path:
+    """The tiny policy of the key maze: as the maze's, with a tokenizer trained on the key maze's texts."""
+    from envs.maze import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, MazeEnv
+    from gagpo_rllib.models import build_tiny_policy
+
+    corpus = MazeEnv({"split": "train", **TASKS["hard"]}).corpus()
+    corpus += [FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, "user assistant system"]
+    return build_tiny_policy(HARD_POLICY_DIR, corpus=corpus, vocab_size=512, seed=0)
+
+
+def make_run_config(variant: str, seed: int, task: str):
+    """The embedded default with the variant's estimator and overrides, on the task's env and policy."""
+    example = runpy.run_path(str(ROOT / "tuned_examples" / "gagpo_builtin.py"), run_name="learning_curves")
+    estimator, overrides = ABLATIONS.get(variant, (variant, {}))
+    config = example["make_config"](estimator=estimator, seed=seed, num_env_runners=0)
+    if TASKS[task]:
+        config.environment(env_config={**config.env_config, **TASKS[task]})
+        config.gagpo(model_path=str(hard_policy()))
+    if overrides:
+        config.gagpo(**overrides)
+    return config
+
+
+def run_one(
+    estimator: str, seed: int, iterations: int, csv_path: str | None = None, task: str = "maze"
+) -> list[dict]:
+    """Train one (estimator or ablation, seed) for ``iterations`` iterations on the local EnvRunner.
+
+    One row per iteration. With ``csv_path`` the rows so far are rewritten to ``<csv_path>.partial`` after every
+    iteration (an interrupted run can be followed and leaves its data), renamed to ``csv_path`` once finished:
+    only finished runs count as present.
     """
     import torch
 
     torch.set_num_threads(1)
-    example = runpy.run_path(str(ROOT / "tuned_examples" / "gagpo_builtin.py"), run_name="learning_curves")
-    algo = example["make_config"](estimator=estimator, seed=seed, num_env_runners=0).build_algo()
+    if str(Path(__file__).resolve().parent) not in sys.path:  # NO_STATE_KEY imports this module by name
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    algo = make_run_config(estimator, seed, task).build_algo()
     rows, start = [], time.perf_counter()
     try:
         for it in range(iterations):
@@ -57,6 +131,7 @@ def run_one(estimator: str, seed: int, iterations: int, partial_dir: str | None 
             g, lp = result["gagpo"], result["learners"]["default_policy"]
             rows.append(
                 {
+                    "task": task,
                     "estimator": estimator,
                     "seed": seed,
                     "iteration": it,
@@ -68,13 +143,21 @@ def run_one(estimator: str, seed: int, iterations: int, partial_dir: str | None 
                     "time_generation_s": float(g["time_generation_s"]),
                     "time_learner_s": float(g["time_learner_s"]),
                     "wall_s": time.perf_counter() - start,
+                    "num_state_groups": float(
+                        result["learners"].get("gagpo", {}).get("num_state_groups", np.nan)
+                    ),
+                    "value_loss": float(lp.get("value_loss", np.nan)),
                 }
             )
-            print(f"[{estimator} seed {seed}] iter {it:3d} success {g['success_rate']:.2f}", flush=True)
-            if partial_dir is not None:
-                write_csv(rows, Path(partial_dir) / f"{estimator}_seed{seed}.csv")
+            print(
+                f"[{task} {estimator} seed {seed}] iter {it:3d} success {g['success_rate']:.2f}", flush=True
+            )
+            if csv_path is not None:
+                write_csv(rows, Path(f"{csv_path}.partial"))
     finally:
         algo.stop()
+    if csv_path is not None:
+        os.replace(f"{csv_path}.partial", csv_path)
     return rows
 
 
@@ -94,54 +177,99 @@ def first_reaching(success: np.ndarray, level: float, window: int) -> int | None
     return int(hits[0] + window) if len(hits) else None
 
 
-def summarise(rows: list[dict], window: int) -> dict[str, dict]:
-    """Per estimator: iterations to 50% / 80% per seed, and mean success over the budget (mean, std over seeds)."""
+def order(names) -> list[str]:
+    """Estimators in the order of ``variants()``, unknown names after them."""
+    known = variants()
+    return sorted(set(names), key=lambda n: (known.index(n) if n in known else len(known), n))
+
+
+def curves_of(rows: list[dict]) -> dict[str, dict[int, np.ndarray]]:
+    """curves[estimator][seed]: success per iteration, in iteration order; a gap or a repeat raises."""
+    per_run: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for r in rows:
+        per_run[(r["estimator"], r["seed"])].append(r)
     curves: dict[str, dict[int, np.ndarray]] = defaultdict(dict)
-    for est, seed in sorted({(r["estimator"], r["seed"]) for r in rows}):
-        its = sorted(
-            (r for r in rows if r["estimator"] == est and r["seed"] == seed), key=lambda r: r["iteration"]
-        )
+    for (est, seed), its in sorted(per_run.items()):
+        its = sorted(its, key=lambda r: r["iteration"])
+        if [r["iteration"] for r in its] != list(range(len(its))):
+            raise ValueError(f"run {est} seed {seed}: iterations are not 0..{len(its) - 1} exactly once each")
         curves[est][seed] = np.array([r["success_rate"] for r in its])
+    return curves
+
+
+def summarise(rows: list[dict], window: int) -> tuple[dict[str, dict], int]:
+    """Per estimator, over the common budget (the shortest run's iterations): the area under the success curve
+    per seed with its 95% bootstrap interval, GAGPO minus it per shared seed with its interval, the iterations
+    to 50% / 80% per seed and the final success. Returns (summary, budget)."""
+    curves = curves_of(rows)
+    budget = min(len(c) for per_seed in curves.values() for c in per_seed.values())
+    auc = {
+        est: {s: float(c[:budget].mean()) for s, c in per_seed.items()} for est, per_seed in curves.items()
+    }
     out = {}
     for est, per_seed in curves.items():
-        auc = np.array([c.mean() for c in per_seed.values()])
-        out[est] = {
-            "to50": {s: first_reaching(c, 0.5, window) for s, c in per_seed.items()},
-            "to80": {s: first_reaching(c, 0.8, window) for s, c in per_seed.items()},
-            "auc_mean": float(auc.mean()),
-            "auc_std": float(auc.std(ddof=1)) if len(auc) > 1 else 0.0,
-            "final": float(np.mean([c[-window:].mean() for c in per_seed.values()])),
-            "iterations": min(len(c) for c in per_seed.values()),
+        entry = {
+            "seeds": sorted(per_seed),
+            "auc": auc[est],
+            "auc_interval": mean_interval(list(auc[est].values())),
+            "to50": {s: first_reaching(c[:budget], 0.5, window) for s, c in per_seed.items()},
+            "to80": {s: first_reaching(c[:budget], 0.8, window) for s, c in per_seed.items()},
+            "final": float(np.mean([c[:budget][-window:].mean() for c in per_seed.values()])),
+            "gap": None,
         }
-    return out
+        if est != "gagpo" and "gagpo" in auc and set(auc["gagpo"]) & set(auc[est]):
+            seeds, diff = paired_differences(auc["gagpo"], auc[est])
+            entry["gap"] = mean_interval(diff)
+            entry["gap_seeds"] = seeds
+        out[est] = entry
+    return out, budget
 
 
 def markdown_table(summary: dict[str, dict], window: int) -> str:
     def fmt(values: dict) -> str:
-        return ", ".join("-" if v is None else str(v) for _, v in sorted(values.items()))
+        reached = sum(v is not None for v in values.values())
+        listed = ", ".join("-" if v is None else str(v) for _, v in sorted(values.items()))
+        return f"{listed} ({reached}/{len(values)})"
 
     lines = [
-        f"| estimator | iterations to 50% (per seed) | iterations to 80% (per seed) | mean success over the budget "
-        f"| final success (last {window}) |",
-        "| --- | --- | --- | --- | --- |",
+        "| estimator | seeds | mean success over the budget [95% CI] | GAGPO - X, paired [95% CI] "
+        f"| iterations to 50% (per seed) | iterations to 80% (per seed) | final success (last {window}) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for est in [e for e in ESTIMATORS if e in summary] + [e for e in summary if e not in ESTIMATORS]:
+    for est in order(summary):
         s = summary[est]
+        gap = "-" if s["gap"] is None else f"{s['gap'].format()} ({s['gap'].n} seeds)"
         lines.append(
-            f"| {est} | {fmt(s['to50'])} | {fmt(s['to80'])} | {s['auc_mean']:.3f} ± {s['auc_std']:.3f} "
-            f"| {s['final']:.2f} |"
+            f"| {est} | {len(s['seeds'])} | {s['auc_interval'].format()} | {gap} | {fmt(s['to50'])} "
+            f"| {fmt(s['to80'])} | {s['final']:.2f} |"
         )
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def timing(rows: list[dict]) -> str:
+    """Mean wall time per iteration (and its generation / learner parts) per estimator, from the CSVs."""
+    lines = []
+    for est in order(r["estimator"] for r in rows):
+        mine = [r for r in rows if r["estimator"] == est]
+        last: dict[int, dict] = {}  # seed -> its last iteration's row (wall_s counts from the run's start)
+        for r in mine:
+            if r["iteration"] >= last.get(r["seed"], r)["iteration"]:
+                last[r["seed"]] = r
+        wall = sum(r["wall_s"] for r in last.values()) / sum(r["iteration"] + 1 for r in last.values())
+        gen = np.mean([r["time_generation_s"] for r in mine])
+        learn = np.mean([r["time_learner_s"] for r in mine])
+        lines.append(f"{est}: {wall:.1f} s per iteration (generation {gen:.1f} s, learner {learn:.1f} s)")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str = "Built-in maze") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for est in [e for e in ESTIMATORS if any(r["estimator"] == e for r in rows)]:
+    for est in order(r["estimator"] for r in rows):
         seeds = sorted({r["seed"] for r in rows if r["estimator"] == est})
         per_seed = []
         for seed in seeds:
@@ -157,7 +285,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("iteration (8 task instances x 8 rollouts)")
     ax.set_ylabel("success rate of the iteration's rollouts")
     ax.set_ylim(0, 1.02)
-    ax.set_title("Built-in maze, tiny policy on CPU: mean over seeds, band = min..max")
+    ax.set_title(f"{title}, tiny policy on CPU: mean over seeds, band = min..max")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
@@ -165,79 +293,158 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+TITLES = {"maze": "Built-in maze", "hard": "Key maze (hard)"}
+
+
+def describe_task(task: str) -> str:
+    """Shortest solutions, step limits and exact random-policy success of the task's training instances."""
+    from envs.maze import MazeEnv
+
+    env = MazeEnv({"split": "train", "num_tasks": 8, **TASKS[task]})  # the embedded default's 8 instances
+    tasks = [env.task(i) for i in range(env.num_tasks)]
+    shortest, limits = [t.shortest_path for t in tasks], [t.max_steps for t in tasks]
+    success = [t.random_success for t in tasks]
+    return (
+        f"{len(tasks)} training instances: shortest solutions {min(shortest)}-{max(shortest)} steps, step limits "
+        f"{min(limits)}-{max(limits)}, exact random-policy success {min(success):.3f}-{max(success):.3f} "
+        f"(mean {np.mean(success):.3f})"
+    )
+
+
+def run_csv(runs_dir: Path, estimator: str, seed: int) -> Path:
+    return runs_dir / f"{estimator}_seed{seed}.csv"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="maze", choices=list(TASKS), help="maze (quick default) or hard")
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=ESTIMATORS)
+    parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=variants())
     parser.add_argument("--num-cpus", type=int, default=2, help="runs in parallel (one CPU each)")
     parser.add_argument("--window", type=int, default=5, help="rolling window for the 50%% / 80%% thresholds")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--force", action="store_true", help="rerun runs whose CSV is already present")
     parser.add_argument(
-        "--from-csv", nargs="+", help="only summarise and plot these CSV files (e.g. results/partial/*.csv)"
+        "--from-csv",
+        nargs="*",
+        help="no training: merge these CSV files, or with no file every run CSV under <out>/<task>/runs/",
     )
     args = parser.parse_args(argv)
-    if args.from_csv:
-        rows = [row for path in args.from_csv for row in read_csv(Path(path))]
-        report(rows, Path(args.out), args.window, note=f"from {len(args.from_csv)} CSV file(s)")
+    if args.iterations < 1:
+        parser.error(f"--iterations must be >= 1, got {args.iterations}")
+    out = Path(args.out) / args.task
+    runs_dir = out / "runs"
+    if args.from_csv is not None:
+        paths = [Path(p) for p in args.from_csv] or sorted(runs_dir.glob("*.csv"))
+        if not paths:
+            parser.error(f"--from-csv: no run CSV under {runs_dir}")
+        rows = merge(paths, args.task)
+        report(rows, out, args.window, task=args.task, note=f"merged from {len(paths)} CSV file(s)")
         return
 
-    import ray
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    todo = []
+    for est in args.estimators:
+        for seed in args.seeds:
+            path = run_csv(runs_dir, est, seed)
+            if path.exists() and not args.force:
+                done = len(read_csv(path))
+                if done != args.iterations:
+                    parser.error(
+                        f"{path} holds {done} iterations, not --iterations {args.iterations}: rerun it with "
+                        "--force or keep the budget it was run with"
+                    )
+                print(f"present, skipped: {path}", flush=True)
+            else:
+                todo.append((est, seed))
+    if todo:
+        import ray
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    # Build the tiny policy once, before the runs start in parallel.
-    runpy.run_path(str(ROOT / "tuned_examples" / "gagpo_builtin.py"), run_name="learning_curves")[
-        "maze_policy"
-    ]()
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False)
-    remote = ray.remote(num_cpus=1)(run_one)
-    partial = out / "partial"
-    partial.mkdir(exist_ok=True)
-    jobs = {
-        remote.remote(e, s, args.iterations, str(partial)): (e, s)
-        for e in args.estimators
-        for s in args.seeds
-    }
-    rows: list[dict] = []
-    pending = list(jobs)
-    start = time.perf_counter()
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        est, seed = jobs[done[0]]
-        rows.extend(ray.get(done[0]))
-        print(f"done: {est} seed {seed} ({time.perf_counter() - start:.0f} s since start)", flush=True)
-    ray.shutdown()
+        # Build the tiny policy once, before the runs start in parallel.
+        if TASKS[args.task]:
+            hard_policy()
+        else:
+            runpy.run_path(str(ROOT / "tuned_examples" / "gagpo_builtin.py"), run_name="learning_curves")[
+                "maze_policy"
+            ]()
+        ray.init(num_cpus=args.num_cpus, include_dashboard=False)
+        remote = ray.remote(num_cpus=1)(run_one)
+        jobs = {
+            remote.remote(e, s, args.iterations, str(run_csv(runs_dir, e, s)), args.task): (e, s)
+            for e, s in todo
+        }
+        pending = list(jobs)
+        start = time.perf_counter()
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            est, seed = jobs[done[0]]
+            ray.get(done[0])
+            print(f"done: {est} seed {seed} ({time.perf_counter() - start:.0f} s since start)", flush=True)
+        ray.shutdown()
 
-    report(rows, out, args.window, note=f"{args.iterations} iterations, seeds {args.seeds}")
+    paths = sorted(runs_dir.glob("*.csv"))
+    report(
+        merge(paths, args.task),
+        out,
+        args.window,
+        task=args.task,
+        note=f"merged from {len(paths)} CSV file(s)",
+    )
 
 
 def read_csv(path: Path) -> list[dict]:
+    """Rows of a run or merged CSV; files written before the ``task`` (``num_state_groups``) column existed are
+    the maze's (NaN)."""
     with path.open() as f:
         rows = list(csv.DictReader(f))
     for r in rows:
+        r.setdefault("task", "maze")
         r["seed"], r["iteration"] = int(r["seed"]), int(r["iteration"])
-        for key in FIELDS[3:]:
-            r[key] = float(r[key])
+        for key in FIELDS[4:]:
+            r[key] = float(r[key]) if r.get(key) not in (None, "") else float("nan")
     return rows
 
 
-def report(rows: list[dict], out: Path, window: int, *, note: str) -> None:
-    """Write the CSV, the PNG and the Markdown table; print the table and the paths."""
+def merge(paths: list[Path], task: str) -> list[dict]:
+    """The rows of every CSV; a run found in two files, or a row of another task, raises naming the file."""
+    rows, source = [], {}
+    for path in paths:
+        runs = set()
+        for r in read_csv(path):
+            if r["task"] != task:
+                raise ValueError(f"{path}: holds task {r['task']!r} rows, not --task {task!r}")
+            runs.add((r["estimator"], r["seed"]))
+            rows.append(r)
+        for run in runs:
+            if run in source:
+                raise ValueError(f"run {run[0]} seed {run[1]} is in both {source[run]} and {path}")
+            source[run] = path
+    return rows
+
+
+def report(rows: list[dict], out: Path, window: int, *, task: str = "maze", note: str) -> None:
+    """Write the merged CSV, the PNG and the Markdown table; print the table, the timing and the paths."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = sorted(rows, key=lambda r: (ESTIMATORS.index(r["estimator"]), r["seed"], r["iteration"]))
+    rank = {e: i for i, e in enumerate(order(r["estimator"] for r in rows))}
+    rows = sorted(rows, key=lambda r: (rank[r["estimator"]], r["seed"], r["iteration"]))
     csv_path, png_path, md_path = (
         out / "learning_curves.csv",
         out / "learning_curves.png",
         out / "learning_curves.md",
     )
     write_csv(rows, csv_path)
-    plot(rows, png_path)
-    table = markdown_table(summarise(rows, window), window)
+    plot(rows, png_path, TITLES[task])
+    summary, budget = summarise(rows, window)
+    table = markdown_table(summary, window)
     md_path.write_text(
-        f"Built-in maze, {note}; thresholds on a {window}-iteration rolling mean ('-' = not reached).\n\n{table}\n"
+        f"{TITLES[task]}, {note}, {budget} iterations (8 task instances x 8 rollouts each); intervals: 95% "
+        f"percentile bootstrap over seeds (gagpo_rllib.stats); thresholds on a {window}-iteration rolling mean "
+        f"('-' = not reached, (k/n) = seeds that reached it). Task: {describe_task(task)}.\n\n{table}\n"
     )
+    print(describe_task(task))
     print(table)
+    print(timing(rows))
     print(f"csv: {csv_path}\npng: {png_path}\ntable: {md_path}")
 
 

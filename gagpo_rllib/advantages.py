@@ -1,4 +1,4 @@
-"""Step-level advantages for grouped multi-turn rollouts: GAGPO and the baselines GiGPO, GRPO and RLOO.
+"""Step-level advantages for grouped multi-turn rollouts: GAGPO and the baselines GiGPO, GRPO, RLOO and PPO.
 
 Framework-free (numpy, scipy, pyarrow): a pure function of per-step columns, so any trainer can call it and a
 reader can check it against the method in a few minutes.
@@ -8,7 +8,8 @@ Input: one row per environment step with the columns
     group_id     int          the K rollouts of one task instance share it
     episode_id   int | str    rows of one episode are contiguous and in step order
     reward       float        the step's reward r_t
-    state_key    str | bytes | int   equal keys = the same environment state
+    state_key    str | bytes | int, or any hashable (e.g. a tuple)   equal keys = the same environment state
+    value        float        only for "ppo": the critic's V(s_t), computed before the update
 
 GAGPO (the method):
     R_t      = sum_{u >= t} gamma^(u-t) r_u                      return-to-go inside the episode
@@ -22,6 +23,10 @@ Baselines, in the same engine:
     RLOO   R_i - mean_{j != i} R_j over the group's episodes, on every step (0 for a group of one)
     GiGPO  A^E + omega * A^S: A^E the GRPO term; A^S(i, t) = R_t - mean_{G(s_t)} R, divided by
            (std_{G(s_t)} + eps) for norm "mean_std"; a state seen once in its group gets A^S = 0
+    PPO    GAE with a learned critic: delta_t = r_t + gamma * V(s_{t+1}) - V(s_t) with the ``value`` column
+           (V after an episode's last step = 0), A_t = delta_t + gamma * lam * A_{t+1}; ``norm`` then applies over
+           the whole batch (the default "mean_std" is PPO's advantage whitening). ``critic_gae`` also gives the
+           value targets R_t = A_t + V(s_t) (before whitening). Groups and state keys play no part.
 
 Conventions: std is the unbiased sample std (ddof = 1); a set of one element is normalised with std = 1;
 eps = 1e-6. GRPO and RLOO ignore ``norm``; GiGPO's step term is always centred, so it takes "mean" or "mean_std".
@@ -39,9 +44,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.signal import lfilter
 
-__all__ = ["ESTIMATORS", "NORMS", "REQUIRED_COLUMNS", "compute_advantages", "grouping_diagnostics"]
+__all__ = [
+    "ESTIMATORS",
+    "NORMS",
+    "REQUIRED_COLUMNS",
+    "compute_advantages",
+    "critic_gae",
+    "grouping_diagnostics",
+]
 
-ESTIMATORS = ("gagpo", "gigpo", "grpo", "rloo")
+ESTIMATORS = ("gagpo", "gigpo", "grpo", "rloo", "ppo")
 NORMS = ("none", "mean", "mean_std")
 REQUIRED_COLUMNS = ("group_id", "episode_id", "reward", "state_key")
 EPS = 1e-6
@@ -93,6 +105,33 @@ def _column(columns: Any, name: str) -> pa.Array:
         raise ValueError(f"column {name!r} has values of mixed or unsupported types: {err}") from err
 
 
+def _state_codes(columns: Any) -> np.ndarray:
+    """Dense codes of the ``state_key`` column: arrow's hash encoding for str/bytes/int keys (the fast path),
+    a Python dict for a sequence holding other hashable keys (tuples of a history key, a user's key function)."""
+    raw = columns.get("state_key") if isinstance(columns, Mapping) else None
+    sequence = raw is not None and not isinstance(raw, (pa.Array, pa.ChunkedArray))
+    if sequence and not (isinstance(raw, np.ndarray) and raw.dtype != object):
+        keys = list(raw)
+        if not all(isinstance(k, (str, bytes, int, np.integer)) for k in keys):
+            return _hashable_codes(keys)
+    return _dense_codes(_column(columns, "state_key"))
+
+
+def _hashable_codes(keys: list) -> np.ndarray:
+    codes: dict[Any, int] = {}
+    out = np.empty(len(keys), np.int64)
+    for i, key in enumerate(keys):
+        if key is None:
+            raise ValueError(f"column 'state_key' has a missing (None) value at row {i}")
+        try:
+            out[i] = codes.setdefault(key, len(codes))
+        except TypeError:
+            raise ValueError(
+                f"column 'state_key' holds a non-hashable {type(key).__name__} at row {i}: {key!r}"
+            ) from None
+    return out
+
+
 def _dense_codes(values: pa.Array) -> np.ndarray:
     """Hash-based dense integer codes (0..k-1 in order of first appearance); equal values share a code."""
     encoded = pc.dictionary_encode(values)
@@ -100,7 +139,9 @@ def _dense_codes(values: pa.Array) -> np.ndarray:
 
 
 def _prepare(columns: Any) -> _Steps:
-    cols = {name: _column(columns, name) for name in REQUIRED_COLUMNS}
+    state = _state_codes(columns)
+    cols = {name: _column(columns, name) for name in REQUIRED_COLUMNS if name != "state_key"}
+    cols["state_key"] = pa.array(state)
     lengths = {name: len(col) for name, col in cols.items()}
     if len(set(lengths.values())) != 1:
         raise ValueError(f"columns have different lengths: {lengths}")
@@ -149,7 +190,6 @@ def _prepare(columns: Any) -> _Steps:
     episode_group = episode_group.astype(np.int64)
     group = episode_group[episode]
 
-    state = _dense_codes(cols["state_key"])
     state_group = _dense_codes(pa.array(group * (int(state.max()) + 1) + state))
     lengths_ep = np.diff(np.r_[starts, n]).astype(np.int64)
     return _Steps(reward, group, episode, starts.astype(np.int64), lengths_ep, episode_group, state_group)
@@ -251,6 +291,55 @@ def _gigpo(steps: _Steps, gamma: float, norm: str, omega: float) -> np.ndarray:
     return episode_term + omega * step_term
 
 
+def _values(columns: Any, n: int) -> np.ndarray:
+    try:
+        value = _column(columns, "value")
+    except ValueError as err:
+        raise ValueError(f"estimator 'ppo' needs the critic's V(s_t) per row: {err}") from None
+    if value.null_count or not (pa.types.is_integer(value.type) or pa.types.is_floating(value.type)):
+        raise ValueError(f"column 'value' must hold numbers without nulls, got {value.type}")
+    out = value.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    if len(out) != n:
+        raise ValueError(f"column 'value' has {len(out)} rows, the other columns {n}")
+    bad = ~np.isfinite(out)
+    if bad.any():
+        raise ValueError(
+            f"column 'value' has {int(bad.sum())} NaN/inf values (first at row {int(np.argmax(bad))})"
+        )
+    return out
+
+
+def _critic_gae(steps: _Steps, value: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    is_last = np.zeros(steps.n, bool)
+    is_last[steps.starts + steps.lengths - 1] = True
+    next_value = np.where(is_last, 0.0, np.r_[value[1:], 0.0])
+    delta = steps.reward + gamma * next_value - value
+    advantage = _reverse_scan(delta, steps, gamma * lam)
+    return advantage, advantage + value
+
+
+def critic_gae(
+    columns: pa.Table | Mapping[str, Any], *, gamma: float = 0.95, lam: float = 0.95
+) -> tuple[np.ndarray, np.ndarray]:
+    """PPO's step-level GAE with a learned critic: (advantages before whitening, value targets A + V).
+
+    Needs the columns ``episode_id``, ``reward`` and ``value`` (``group_id`` and ``state_key`` are checked but
+    play no part); V after an episode's last step is 0, so lam = 1 gives R_t - V(s_t) and lam = 0 the TD residual.
+    """
+    _check_gamma_lam(gamma, lam)
+    steps = _prepare(columns)
+    value = _values(columns, steps.n)
+    if steps.n == 0:
+        return np.zeros(0), np.zeros(0)
+    return _critic_gae(steps, value, float(gamma), float(lam))
+
+
+def _check_gamma_lam(gamma: float, lam: float) -> None:
+    for name, value in (("gamma", gamma), ("lam", lam)):
+        if not (isinstance(value, (int, float)) and 0.0 <= float(value) <= 1.0):
+            raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+
+
 def compute_advantages(
     columns: pa.Table | Mapping[str, Any],
     *,
@@ -267,13 +356,17 @@ def compute_advantages(
         raise ValueError(f"unknown norm {norm!r}; expected one of {NORMS}")
     if estimator == "gigpo" and norm == "none":
         raise ValueError("GiGPO's step term is always centred: norm must be 'mean' or 'mean_std' for gigpo")
-    for name, value in (("gamma", gamma), ("lam", lam)):
-        if not (isinstance(value, (int, float)) and 0.0 <= float(value) <= 1.0):
-            raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    _check_gamma_lam(gamma, lam)
     if not np.isfinite(omega):
         raise ValueError(f"omega must be finite, got {omega!r}")
 
     steps = _prepare(columns)
+    if estimator == "ppo":
+        value = _values(columns, steps.n)
+        if steps.n == 0:
+            return np.zeros(0, np.float64)
+        advantage, _ = _critic_gae(steps, value, float(gamma), float(lam))
+        return _normalise(advantage, np.zeros(steps.n, np.int64), norm)
     if steps.n == 0:
         return np.zeros(0, np.float64)
     if estimator == "gagpo":

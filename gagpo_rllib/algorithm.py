@@ -29,12 +29,26 @@ from ray.rllib.utils.metrics import (
 )
 
 from gagpo_rllib.advantages import ESTIMATORS, NORMS
+from gagpo_rllib.connectors.critic_advantages import CriticAdvantages
 from gagpo_rllib.connectors.env_to_module import PromptConnector
 from gagpo_rllib.connectors.grouped_advantages import GroupedAdvantages, episode_rows, uniform_groups
 from gagpo_rllib.connectors.module_to_env import INVALID, ActionParserConnector
+from gagpo_rllib.connectors.state_keys import StateKeyConnector
+from gagpo_rllib.critic import CriticRLModule
+from gagpo_rllib.critic_learner import GAGPOCriticTorchLearner
 from gagpo_rllib.env_runner import GAGPOEnvRunner, PlannedEpisode, RolloutStats, derive_seed
-from gagpo_rllib.learner import GAGPOTorchLearner
+from gagpo_rllib.group_sampling import (
+    GroupSample,
+    ask_env_runner,
+    sample_whole_groups,
+    split_plan,
+    validate_fault_tolerance,
+)
+from gagpo_rllib.learner import GAGPOTorchLearner, report_skipped_updates
 from gagpo_rllib.rl_module import ACTION_IDS, LLMRLModule
+from gagpo_rllib.sharding import GroupShardedTrainingData, placement_shortfall, resource_shortfall
+from gagpo_rllib.similarity import check_threshold
+from gagpo_rllib.state_keys import resolve_state_key
 
 __all__ = ["GAGPO", "GAGPOConfig", "split_plan", "task_plan"]
 
@@ -78,6 +92,15 @@ class GAGPOConfig(AlgorithmConfig):
         self.invalid_penalty: float = 0.1
         self.skip_uniform_groups: bool = False
         self.recompute_old_logprobs: bool | None = None
+        # State groups: the state key choice and optional similarity grouping.
+        self.state_key: str = "env"
+        self.state_key_history: int | None = None
+        self.similarity_threshold: float | None = None
+        # The critic of the PPO baseline (estimator "ppo").
+        self.vf_coeff: float = 0.5
+        self.vf_clip: float | None = 0.5
+        self.critic_lr: float = 1e-5
+        self.critic_share_trunk: bool = False
         # Prompts and decoding.
         self.history_length: int = 2
         self.max_prompt_tokens: int | None = None
@@ -94,6 +117,9 @@ class GAGPOConfig(AlgorithmConfig):
         self.backend_kwargs: dict = {}
         self.dtype: str = "float32"
         self.envs_per_runner: int | None = None
+        # Fault tolerance of grouped sampling (see gagpo_rllib.group_sampling and .fault_tolerance()).
+        self.max_group_attempts: int = 3
+        self.group_sampling_timeout_s: float | None = 3600.0
 
         # RLlib settings this algorithm relies on.
         self.env_runner_cls = GAGPOEnvRunner
@@ -127,6 +153,13 @@ class GAGPOConfig(AlgorithmConfig):
         invalid_penalty: float | None = NotProvided,
         skip_uniform_groups: bool | None = NotProvided,
         recompute_old_logprobs: bool | None = NotProvided,
+        state_key: str | None = NotProvided,
+        state_key_history: int | None = NotProvided,
+        similarity_threshold: float | None = NotProvided,
+        vf_coeff: float | None = NotProvided,
+        vf_clip: float | None = NotProvided,
+        critic_lr: float | None = NotProvided,
+        critic_share_trunk: bool | None = NotProvided,
         history_length: int | None = NotProvided,
         max_prompt_tokens: int | None = NotProvided,
         max_steps: int | None = NotProvided,
@@ -145,7 +178,8 @@ class GAGPOConfig(AlgorithmConfig):
         """Set GAGPO's fields (only those given); ``validate()`` checks them when the algorithm is built.
 
         Args:
-            estimator: "gagpo", "gigpo", "grpo" or "rloo" (the advantage estimator).
+            estimator: "gagpo", "gigpo", "grpo", "rloo" or "ppo" (the advantage estimator; "ppo" trains a
+                critic, see ``gagpo_rllib.critic``).
             group_size: K, rollouts per task instance.
             groups_per_iteration: N, task instances per iteration.
             gamma, lam, norm, omega: advantage parameters (see ``gagpo_rllib.advantages``).
@@ -155,6 +189,15 @@ class GAGPOConfig(AlgorithmConfig):
             recompute_old_logprobs: recompute the ratio's old log-probs with the learner's weights before the
                 update instead of using the rollout's; None (default) does so exactly when the rollout numerics
                 differ from the learner's (backend "vllm", or a dtype other than float32).
+            state_key: which steps are the same state: "env" (the env's info["state_key"]), "normalized",
+                "history" or "package.module:function" (see ``gagpo_rllib.state_keys``).
+            state_key_history: H of the "history" key (last H actions); None = ``history_length``.
+            similarity_threshold: None (exact keys) or a number in (0, 1]: state texts of a group at least this
+                similar share one anchor state (see ``gagpo_rllib.similarity``).
+            vf_coeff, vf_clip, critic_lr: the PPO critic's loss weight (0.5), value clip range (0.5; None:
+                unclipped) and learning rate (1e-5, verl's default critic learning rate).
+            critic_share_trunk: put the value head on the policy's trunk instead of a copy of it (half the
+                weights' memory; the value loss then also trains the policy's trunk).
             history_length: H, (observation, action) pairs shown in the prompt.
             max_prompt_tokens: truncate the oldest history beyond this many prompt tokens.
             max_steps: the env's step limit (passed as ``env_config["max_steps"]``); None keeps the env's.
@@ -172,11 +215,34 @@ class GAGPOConfig(AlgorithmConfig):
                 setattr(self, name, value)
         return self
 
+    def fault_tolerance(
+        self,
+        *,
+        max_group_attempts: int | None = NotProvided,
+        group_sampling_timeout_s: float | None = NotProvided,
+        **kwargs: Any,
+    ) -> GAGPOConfig:
+        """RLlib's fault-tolerance settings plus grouped sampling's.
+
+        Args:
+            max_group_attempts: rounds in which an iteration plays its missing group members (lost with an
+                EnvRunner or ended by an env error) before dropping the incomplete groups (default 3).
+            group_sampling_timeout_s: deadline of one iteration's sampling, waits for restored runners included
+                (default 3600; None: no deadline).
+            kwargs: ``AlgorithmConfig.fault_tolerance``'s (e.g. ``delay_between_env_runner_restarts_s``).
+        """
+        if max_group_attempts is not NotProvided:
+            self.max_group_attempts = max_group_attempts
+        if group_sampling_timeout_s is not NotProvided:
+            self.group_sampling_timeout_s = group_sampling_timeout_s
+        return super().fault_tolerance(**kwargs)
+
     # ------------------------------------------------------------------------------------------- validation
     def validate(self) -> None:
         """RLlib's checks, then GAGPO's; each error names the field. Sets ``num_envs_per_env_runner``."""
         super().validate()
         self.validate_gagpo()
+        validate_fault_tolerance(self)
         if self.envs_per_runner is None:
             per_runner = math.ceil(self.group_size * self.groups_per_iteration / max(1, self.num_env_runners))
             self.num_envs_per_env_runner = max(1, per_runner)
@@ -224,6 +290,19 @@ class GAGPOConfig(AlgorithmConfig):
         )
         need(is_int(self.history_length) and self.history_length >= 0, "history_length", "an int >= 0")
         need(
+            self.state_key_history is None
+            or (is_int(self.state_key_history) and self.state_key_history >= 0),
+            "state_key_history",
+            "None or an int >= 0",
+        )
+        resolve_state_key(self.state_key, history=self.state_key_history_length)
+        if self.similarity_threshold is not None:
+            check_threshold(self.similarity_threshold)
+        need(is_num(self.vf_coeff) and self.vf_coeff >= 0.0, "vf_coeff", "a number >= 0")
+        need(self.vf_clip is None or (is_num(self.vf_clip) and self.vf_clip > 0.0), "vf_clip", "None or > 0")
+        need(is_num(self.critic_lr) and self.critic_lr > 0.0, "critic_lr", "a number > 0")
+        need(isinstance(self.critic_share_trunk, bool), "critic_share_trunk", "a bool")
+        need(
             self.max_prompt_tokens is None
             or (is_int(self.max_prompt_tokens) and self.max_prompt_tokens >= 1),
             "max_prompt_tokens",
@@ -251,6 +330,21 @@ class GAGPOConfig(AlgorithmConfig):
         )
         need(self.backend in BACKENDS, "backend", f"one of {BACKENDS}")
         need(isinstance(self.backend_kwargs, dict), "backend_kwargs", "a dict")
+        if self.backend == "vllm":
+            from gagpo_rllib.generation.vllm import MAX_TEMPERATURE, MIN_TEMPERATURE
+
+            # vLLM's log-probs are not the learner's (other kernels; NaN for remapped constrained answers).
+            need(
+                self.recompute_old_logprobs is not False,
+                "recompute_old_logprobs",
+                "None or True with backend 'vllm'",
+            )
+            for field in ("temperature", "eval_temperature"):
+                need(
+                    MIN_TEMPERATURE <= getattr(self, field) <= MAX_TEMPERATURE,
+                    field,
+                    f"in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] with backend 'vllm' (vLLM's range)",
+                )
         need(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
         need(
             self.envs_per_runner is None or (is_int(self.envs_per_runner) and self.envs_per_runner >= 1),
@@ -258,11 +352,19 @@ class GAGPOConfig(AlgorithmConfig):
             "None or an int >= 1",
         )
         need(self.gym_env_vectorize_mode in ("sync", "SYNC"), "gym_env_vectorize_mode", "'sync'")
-        need(self.num_learners <= 1, "num_learners", "0 or 1 (more learners would split groups)")
+        need(
+            self.num_learners <= 1 or self.groups_per_iteration >= self.num_learners,
+            "groups_per_iteration",
+            f">= num_learners ({self.num_learners}): every learner trains whole groups",
+        )
+        shortfall = resource_shortfall(self)
+        if shortfall:
+            raise ValueError(f"GAGPOConfig.num_learners / num_env_runners cannot be placed: {shortfall}")
 
     # ------------------------------------------------------------------------------------------- components
     def get_default_rl_module_spec(self) -> RLModuleSpec:
-        return RLModuleSpec(module_class=LLMRLModule, model_config=self.module_model_config())
+        module_class = CriticRLModule if self.estimator == "ppo" else LLMRLModule
+        return RLModuleSpec(module_class=module_class, model_config=self.module_model_config())
 
     def module_model_config(self) -> dict[str, Any]:
         sampling = {
@@ -278,10 +380,22 @@ class GAGPOConfig(AlgorithmConfig):
             "sampling": sampling,
             "eval_sampling": {**sampling, "temperature": self.eval_temperature},
             "reference": self.kl_coeff > 0,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "num_env_runners": self.num_env_runners,
+            **(
+                {"critic": {"share_trunk": self.critic_share_trunk, "seed": self.seed or 0}}
+                if self.estimator == "ppo"
+                else {}
+            ),
         }
 
     def get_default_learner_class(self) -> type:
-        return GAGPOTorchLearner
+        return GAGPOCriticTorchLearner if self.estimator == "ppo" else GAGPOTorchLearner
+
+    @property
+    def state_key_history_length(self) -> int:
+        """H of the "history" state key: ``state_key_history``, else the prompt's ``history_length``."""
+        return self.history_length if self.state_key_history is None else self.state_key_history
 
     def prompt_templates(self, env: Any = None) -> tuple[str, str]:
         """(first, later) templates: the configured ones, else the env package's ``prompts.py``."""
@@ -316,6 +430,7 @@ class GAGPOConfig(AlgorithmConfig):
     def build_module_to_env_connector(self, env=None, spaces=None):
         pipeline = super().build_module_to_env_connector(env=env, spaces=spaces)
         pipeline.prepend(ActionParserConnector(constrained=self.constrained_decoding))
+        pipeline.append(StateKeyConnector(state_key=self.state_key, history=self.state_key_history_length))
         return pipeline
 
     def build_learner_connector(self, input_observation_space, input_action_space, device=None):
@@ -324,7 +439,8 @@ class GAGPOConfig(AlgorithmConfig):
         return pipeline
 
     def grouped_advantages(self) -> GroupedAdvantages:
-        return GroupedAdvantages(
+        advantages_class = CriticAdvantages if self.estimator == "ppo" else GroupedAdvantages
+        return advantages_class(
             estimator=self.estimator,
             gamma=self.gamma,
             lam=self.lam,
@@ -334,6 +450,7 @@ class GAGPOConfig(AlgorithmConfig):
             skip_uniform_groups=self.skip_uniform_groups,
             constrained=self.constrained_decoding,
             recompute_old_logprobs=self.uses_recomputed_old_logprobs,
+            similarity_threshold=self.similarity_threshold,
         )
 
     @property
@@ -367,12 +484,6 @@ def task_plan(
     ]
 
 
-def split_plan(plan: list[PlannedEpisode], parts: int) -> list[list[PlannedEpisode]]:
-    """Contiguous, balanced shares of the plan (so most groups stay on one runner)."""
-    bounds = np.linspace(0, len(plan), parts + 1).round().astype(int)
-    return [plan[bounds[i] : bounds[i + 1]] for i in range(parts)]
-
-
 class GAGPO(Algorithm):
     """Samples N x K grouped episodes per iteration on the EnvRunners, updates with GAGPO, syncs weights."""
 
@@ -380,13 +491,21 @@ class GAGPO(Algorithm):
     def get_default_config(cls) -> GAGPOConfig:
         return GAGPOConfig()
 
+    @classmethod
+    def default_resource_request(cls, config):
+        """RLlib's placement request for Tune, refused when the running cluster cannot hold it (never pending)."""
+        request = super().default_resource_request(config)
+        shortfall = placement_shortfall(request.bundles)
+        if shortfall:
+            raise ValueError(
+                f"GAGPOConfig.num_learners / num_env_runners cannot be placed: {shortfall}; ask for less, or start"
+                " Ray with more (rllib train file --num-cpus N)"
+            )
+        return request
+
     def num_tasks(self) -> int:
         if getattr(self, "_num_tasks", None) is None:
-            remote = self.env_runner_group.num_remote_env_runners() > 0
-            counts = self.env_runner_group.foreach_env_runner(
-                lambda r: r.num_tasks(), local_env_runner=not remote
-            )
-            self._num_tasks = int(counts[0])
+            self._num_tasks = int(ask_env_runner(self, lambda r: r.num_tasks()))
         return self._num_tasks
 
     def iteration_plan(self, iteration: int) -> list[PlannedEpisode]:
@@ -399,30 +518,16 @@ class GAGPO(Algorithm):
             iteration=iteration,
         )
 
+    def sample_whole_groups(
+        self, plan: list[PlannedEpisode], iteration: int, *, explore: bool = True
+    ) -> GroupSample:
+        """Play the plan on the healthy EnvRunners; only complete groups come back (``group_sampling``)."""
+        return sample_whole_groups(self, plan, iteration, explore=explore)
+
     def sample_groups(self, plan: list[PlannedEpisode], iteration: int, *, explore: bool = True):
-        """Play the plan on the EnvRunners (split evenly); return episodes, timing splits, runner metrics."""
-        group = self.env_runner_group
-        n_remote = group.num_remote_env_runners()
-        seed = self.config.seed or 0
-        if n_remote == 0:
-            runner = group.local_env_runner
-            episodes, stats = runner.sample_groups(
-                plan, gen_seed=derive_seed(seed, iteration, 0), explore=explore
-            )
-            return episodes, [stats], [runner.get_metrics()]
-        shares = split_plan(plan, n_remote)
-
-        def play(runner):
-            # Remote runners have worker_index 1..n; each plays its share of the plan.
-            share = shares[runner.worker_index - 1]
-            eps, st = runner.sample_groups(
-                share, gen_seed=derive_seed(seed, iteration, runner.worker_index), explore=explore
-            )
-            return eps, st, runner.get_metrics()
-
-        results = group.foreach_env_runner(play, local_env_runner=False)
-        episodes = [e for r in results for e in r[0]]
-        return episodes, [r[1] for r in results], [r[2] for r in results]
+        """``sample_whole_groups`` as (episodes, timing splits, runner metrics)."""
+        sample = self.sample_whole_groups(plan, iteration, explore=explore)
+        return sample.episodes, sample.stats, sample.runner_metrics
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
         """Restore, then make every EnvRunner sample with the restored weights.
@@ -446,23 +551,30 @@ class GAGPO(Algorithm):
         plan = self.iteration_plan(iteration)
         t0 = time.perf_counter()
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
-            episodes, stats, runner_metrics = self.sample_groups(plan, iteration)
+            sample = self.sample_whole_groups(plan, iteration)
         sample_s = time.perf_counter() - t0
-        if len(episodes) != len(plan):
-            # Only when an EnvRunner failed: its groups are missing or short this iteration.
-            logger.warning("GAGPO: %d of %d planned episodes came back", len(episodes), len(plan))
-        self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
-        self.log_rollout_metrics(episodes, stats, sample_s)
+        episodes = sample.episodes
+        self.metrics.aggregate(sample.runner_metrics, key=ENV_RUNNER_RESULTS)
+        self.log_rollout_metrics(episodes, sample.stats, sample_s)
+        for name, value in sample.metrics().items():
+            self.metrics.log_value(("gagpo", name), value, window=1)
 
-        trainable = True
-        if cfg.skip_uniform_groups:
+        trainable = bool(episodes)
+        if not trainable:
+            logger.warning("GAGPO: iteration %d: no complete group came back; update skipped", iteration)
+        elif cfg.skip_uniform_groups:
             rows = episode_rows(episodes, cfg.invalid_penalty)
             trainable = len(uniform_groups(rows)) < len(set(rows.group_id.tolist()))
         t0 = time.perf_counter()
         if trainable:
             with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
                 learner_results = self.learner_group.update(
-                    episodes=episodes,
+                    # Whole groups per learner, one shared number of optimizer steps (gagpo_rllib.sharding).
+                    training_data=GroupShardedTrainingData(
+                        episodes=episodes,
+                        invalid_penalty=cfg.invalid_penalty,
+                        skip_uniform_groups=cfg.skip_uniform_groups,
+                    ),
                     timesteps={
                         NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
                             (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
@@ -473,6 +585,7 @@ class GAGPO(Algorithm):
                     shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch,
                 )
             self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+            report_skipped_updates(self.metrics, iteration)
             with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
                 self.env_runner_group.sync_weights(
                     from_worker_or_learner_group=self.learner_group, inference_only=True
@@ -481,14 +594,17 @@ class GAGPO(Algorithm):
         self.metrics.log_value(("gagpo", "time_learner_s"), time.perf_counter() - t0, window=1)
 
     def log_rollout_metrics(self, episodes: list, stats: list[RolloutStats], sample_s: float) -> None:
-        """Success, return (env rewards), length, invalid share, per-type success and the time split."""
-        wins, returns, lengths, invalid, tokens = [], [], [], [], 0
+        """Success, return (env rewards), length, invalid share, per-type success and the time split; the mean
+        final ``task_score`` when the env reports one (WebShop's purchase score moves before success does)."""
+        wins, returns, lengths, invalid, tokens, scores = [], [], [], [], 0, []
         by_type: dict[str, list[float]] = defaultdict(list)
         for ep in episodes:
             final = ep.get_infos(-1)
             won = float(bool(final.get("won", False)))
             wins.append(won)
             by_type[str(final.get("task_type", "all"))].append(won)
+            if final.get("task_score") is not None:
+                scores.append(float(final["task_score"]))
             returns.append(float(ep.get_return()))
             lengths.append(len(ep))
             invalid.extend(bool(x) for x in ep.get_extra_model_outputs(INVALID))
@@ -508,6 +624,8 @@ class GAGPO(Algorithm):
             "generated_tokens": float(tokens),
             "generated_tokens_per_s": tokens / gen_s if gen_s > 0 else 0.0,
         }
+        if scores:
+            values["task_score_mean"] = float(np.mean(scores))
         for name, wins_of_type in by_type.items():
             values[f"success_rate/{name}"] = float(np.mean(wins_of_type))
         for name, value in values.items():

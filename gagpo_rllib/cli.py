@@ -72,6 +72,13 @@ def _add_train_file(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--restore", default=None, help="start from this Algorithm checkpoint")
     p.add_argument("--resume", default=None, help="continue this interrupted experiment folder")
     p.add_argument(
+        "--max-failures",
+        type=int,
+        default=0,
+        help="restart a failed trial up to N times from its last checkpoint (default 0: a failed trial stays "
+        "failed; -1: without limit); use with --checkpoint-freq",
+    )
+    p.add_argument(
         "--dashboard",
         action="store_true",
         help="serve the Ray dashboard on 127.0.0.1:8265 and publish the GAGPO metrics as Ray metrics",
@@ -143,6 +150,48 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="saved dtype")
 
 
+def _add_sft(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sft",
+        help="warm start: fine-tune a causal LM on demonstrations, write a model folder to start GAGPO from",
+        description="Fine-tune MODEL on demonstrations replayed through the env (ALFWorld: the games' walkthroughs; "
+        "WebShop: scripted purchases of each goal's target product), with the prompts, history and (constrained) "
+        "softmax of training, and write OUT_DIR, a model folder for GAGPOConfig.gagpo(model_path=...). Prints a "
+        "progress line with the held-out loss per epoch.",
+    )
+    p.add_argument("model", help="base model folder or hub id")
+    p.add_argument("out_dir", help="output model folder")
+    p.add_argument("--env", default=None, help="alfworld or webshop (or give --file)")
+    p.add_argument(
+        "--file", default=None, help="tuned-example file whose `config` sets env, prompts, decoding"
+    )
+    p.add_argument(
+        "--env-config", type=_json_object, default=None, help="JSON env_config (merged into the config's)"
+    )
+    p.add_argument("--data-dir", default=None, help="ALFWorld data folder (default: the bundled games)")
+    p.add_argument("--split", default="train", help="split whose demonstrations to use (default train)")
+    p.add_argument(
+        "--num-tasks", type=int, default=None, help="tasks to use, drawn from --seed (default all)"
+    )
+    p.add_argument("--epochs", type=int, default=30, help="epochs (default 30)")
+    p.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate (default 2e-3)")
+    p.add_argument("--batch-size", type=int, default=16, help="steps per update (default 16)")
+    p.add_argument("--heldout", type=float, default=0.1, help="share of episodes held out (default 0.1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the task draw, held-out split and shuffling")
+    p.add_argument("--history-length", type=int, default=None, help="history pairs (default: config's or 2)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt budget (default: config's)")
+    p.add_argument(
+        "--constrained",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="softmax over the admissible actions' tokens (default: the config's constrained_decoding)",
+    )
+    p.add_argument("--temperature", type=float, default=None, help="softmax temperature (default: config's)")
+    p.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="model dtype"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rllib", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_evaluate(sub)
     _add_plot(sub)
     _add_export(sub)
+    _add_sft(sub)
     return parser
 
 
@@ -215,6 +265,58 @@ def run_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_sft(args: argparse.Namespace) -> int:
+    from gagpo_rllib.algorithm import GAGPOConfig
+    from gagpo_rllib.demonstrations import demonstrations_for
+    from gagpo_rllib.evaluation import resolve_env
+    from gagpo_rllib.sft import SFTSettings, finetune
+    from gagpo_rllib.train import load_train_file
+
+    if (args.env is None) == (args.file is None):
+        raise ValueError("sft: give exactly one of --env or --file")
+    config = load_train_file(args.file).config if args.file else GAGPOConfig()
+    if args.env is not None:
+        config = config.copy(copy_frozen=False).environment(resolve_env(args.env), env_config={})
+    env = config.env
+    if not isinstance(env, type):
+        raise ValueError(f"sft: the config's env must be a class, got {env!r}")
+    env_config = {**dict(config.env_config or {}), **dict(args.env_config or {}), "split": args.split}
+    if args.data_dir is not None:
+        env_config["data_dir"] = args.data_dir
+    first, later = config.prompt_templates()
+    settings = SFTSettings(
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        heldout_fraction=args.heldout,
+        seed=args.seed,
+        history_length=config.history_length if args.history_length is None else args.history_length,
+        max_prompt_tokens=config.max_prompt_tokens
+        if args.max_prompt_tokens is None
+        else args.max_prompt_tokens,
+        constrained=bool(config.constrained_decoding) if args.constrained is None else args.constrained,
+        temperature=config.temperature if args.temperature is None else args.temperature,
+        dtype=args.dtype,
+    )
+    demos = demonstrations_for(env, env_config, num_tasks=args.num_tasks, seed=args.seed)
+    print(
+        f"demonstrations: {len(demos.demonstrations)} episodes, {demos.num_steps} steps from {env.__name__} "
+        f"split {args.split!r}" + (f"; skipped {demos.skipped}" if demos.skipped else ""),
+        flush=True,
+    )
+    result = finetune(
+        args.model,
+        demos,
+        args.out_dir,
+        first_template=first,
+        template=later,
+        settings=settings,
+        progress=lambda line: print(line, flush=True),
+    )
+    print(f"wrote {result.out_dir}: start GAGPO from it with .gagpo(model_path={result.out_dir!r})")
+    return 0
+
+
 def run_export(args: argparse.Namespace) -> int:
     from gagpo_rllib.export import export_checkpoint
 
@@ -257,6 +359,7 @@ def run_train_file(args: argparse.Namespace) -> int:
         checkpoint_at_end=args.checkpoint_at_end,
         restore=args.restore,
         resume=args.resume,
+        max_failures=args.max_failures,
         num_cpus=args.num_cpus,
         dashboard=args.dashboard,
         verbose=args.verbose,
@@ -274,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_evaluate(args)
     if args.command == "export":
         return run_export(args)
+    if args.command == "sft":
+        return run_sft(args)
     raise AssertionError(f"unhandled command {args.command}")
 
 

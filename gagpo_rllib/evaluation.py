@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import importlib
 import json
+import logging
 import math
 import os
 import pickle
@@ -51,6 +52,8 @@ __all__ = [
     "validation_function",
     "with_validation",
 ]
+
+logger = logging.getLogger(__name__)
 
 # Where an Algorithm checkpoint keeps the policy (RLlib's component path of the single module).
 MODULE_PATH = "learner_group/learner/rl_module/default_policy"
@@ -103,6 +106,8 @@ class EpisodeRecord:
     length: int
     invalid_share: float
     task_score: float | None = None
+    # What the env played on (data, noun extractor, split), from its info["provenance"] when it reports one.
+    provenance: str | None = None
 
 
 @dataclass
@@ -117,11 +122,17 @@ class EvalReport:
     layout: str = "generic"
     table: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    tasks_requested: int | None = None
 
     @classmethod
     def build(cls, episodes: list[EpisodeRecord], **meta: Any) -> EvalReport:
         layout, table = summarise(episodes)
         return cls(episodes=episodes, layout=layout, table=table, **meta)
+
+    @property
+    def provenance(self) -> str:
+        """The envs' own account of data, noun extractor and split ("" when the env reports none)."""
+        return "; ".join(sorted({e.provenance for e in self.episodes if e.provenance}))
 
     def format_table(self) -> str:
         """A Markdown table of the headline numbers (percentages), as the papers print them."""
@@ -137,10 +148,14 @@ class EvalReport:
 
     def header(self) -> str:
         tasks = len({e.task_id for e in self.episodes})
-        return (
-            f"{self.env} split {self.split!r}: {len(self.episodes)} episodes on {tasks} tasks, "
+        asked = ""
+        if self.tasks_requested is not None and self.tasks_requested > tasks:
+            asked = f" ({self.tasks_requested} asked: the split has only {tasks})"
+        line = (
+            f"{self.env} split {self.split!r}: {len(self.episodes)} episodes on {tasks} tasks{asked}, "
             f"temperature {self.temperature}, source {self.source}"
         )
+        return f"{line}\n{self.provenance}" if self.provenance else line
 
     def write(self, out_dir: str | os.PathLike) -> dict[str, Path]:
         """Write eval_table.csv (one row), eval_episodes.csv and eval.json into ``out_dir``."""
@@ -150,6 +165,7 @@ class EvalReport:
             "source": self.source,
             "env": self.env,
             "split": self.split,
+            "provenance": self.provenance,
             "temperature": self.temperature,
             "episodes": len(self.episodes),
         }
@@ -210,6 +226,7 @@ def record(episode: Any) -> EpisodeRecord:
     final = episode.get_infos(-1)
     invalid = [bool(x) for x in episode.get_extra_model_outputs(INVALID)]
     score = final.get("task_score")
+    provenance = final.get("provenance")
     return EpisodeRecord(
         task_id=int(episode.custom_data["task_id"]),
         member=int(episode.custom_data["member"]),
@@ -219,6 +236,7 @@ def record(episode: Any) -> EpisodeRecord:
         length=len(episode),
         invalid_share=float(np.mean(invalid)) if invalid else 0.0,
         task_score=None if score is None else float(score),
+        provenance=None if provenance is None else str(provenance),
     )
 
 
@@ -290,6 +308,13 @@ def evaluation_plan(num_tasks_in_split: int, settings: EvalSettings) -> list[Pla
     """Which tasks to play: all of the split, or ``num_tasks`` of them drawn without replacement from the seed."""
     if num_tasks_in_split < 1:
         raise ValueError(f"the evaluation split has no task (env.num_tasks = {num_tasks_in_split})")
+    if settings.num_tasks is not None and settings.num_tasks > num_tasks_in_split:
+        logger.warning(
+            "evaluation: %d tasks asked (--num-tasks) but the split has only %d: playing all %d",
+            settings.num_tasks,
+            num_tasks_in_split,
+            num_tasks_in_split,
+        )
     if settings.num_tasks is None or settings.num_tasks >= num_tasks_in_split:
         tasks = list(range(num_tasks_in_split))
     else:
@@ -303,7 +328,7 @@ def evaluation_plan(num_tasks_in_split: int, settings: EvalSettings) -> list[Pla
 
 
 def evaluation_config(config: GAGPOConfig, settings: EvalSettings) -> GAGPOConfig:
-    """``config`` set up for evaluation: the eval split, eval temperature, no reference model, runner count."""
+    """``config`` set up for evaluation: the eval split, eval temperature, no reference model or critic, runners."""
     settings.validate()
     config = config.copy(copy_frozen=False)
     split = settings.split or DEFAULT_EVAL_SPLIT.get(_env_name(config), "eval")
@@ -312,6 +337,10 @@ def evaluation_config(config: GAGPOConfig, settings: EvalSettings) -> GAGPOConfi
         env_config["max_steps"] = settings.max_steps
     config.environment(env_config=env_config)
     config.gagpo(eval_temperature=float(settings.temperature), kl_coeff=0.0)
+    if config.estimator == "ppo":
+        # The PPO critic only trains: evaluation builds the plain policy module; restoring it from a checkpoint
+        # ignores the critic's weights.
+        config.gagpo(estimator="gagpo")
     if settings.max_steps is not None:
         config.gagpo(max_steps=settings.max_steps)
     if settings.num_env_runners is not None:
@@ -462,4 +491,5 @@ def evaluate(
         split=str(env_config["split"]),
         temperature=float(settings.temperature),
         seconds=time.monotonic() - started,
+        tasks_requested=settings.num_tasks,
     )

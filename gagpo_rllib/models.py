@@ -11,7 +11,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -20,7 +20,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 __all__ = [
     "CHATML_TEMPLATE",
     "SPECIAL_TOKENS",
+    "alfworld_tiny_policy",
     "build_tiny_policy",
+    "inputs_digest",
     "load_policy",
     "stdlib_corpus",
 ]
@@ -42,6 +44,7 @@ _MANIFEST = "gagpo_tiny_build.json"
 # "name" or "org/name": anything else (more slashes, backslashes) can only be a local path.
 _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 _BUILD_VERSION = 1
+_ALFWORLD_CORPUS_VERSION = "alfworld walkthroughs + grammar, v1"
 # Enough English-like text for a few thousand merges while keeping the build around a second.
 _STDLIB_CHAR_BUDGET = 3_000_000
 
@@ -94,10 +97,32 @@ def _build_key(corpus_digest: str, **params: int) -> dict:
     return {"version": _BUILD_VERSION, "corpus_sha256": corpus_digest, **params}
 
 
+def inputs_digest(*, files: Iterable[str | Path] = (), texts: Iterable[str] = ()) -> str:
+    """SHA-256 over the bytes of ``files`` (with their names) and ``texts``: a cache key of a build's inputs.
+
+    Cheaper than hashing a corpus that takes minutes to produce (e.g. by replaying games): hash what it is made of.
+    """
+    digest = hashlib.sha256()
+    for path in files:
+        p = Path(path)
+        digest.update(p.name.encode())
+        digest.update(b"\0")
+        try:
+            digest.update(p.read_bytes())
+        except OSError as err:
+            raise FileNotFoundError(f"inputs_digest: cannot read build input {p}: {err}") from err
+        digest.update(b"\0")
+    for text in texts:
+        digest.update(text.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
 def build_tiny_policy(
     out_dir: str | Path,
     *,
-    corpus: Iterable[str] | None = None,
+    corpus: Iterable[str] | Callable[[], Iterable[str]] | None = None,
+    corpus_key: str | None = None,
     vocab_size: int = 4096,
     hidden_size: int = 64,
     num_layers: int = 2,
@@ -108,6 +133,8 @@ def build_tiny_policy(
     """Build a random-init Qwen2ForCausalLM and a locally trained BPE tokenizer into ``out_dir``.
 
     Cached: when ``out_dir`` already holds a build with the same parameters and corpus, it is returned as is.
+    ``corpus`` may be a callable producing the texts; with ``corpus_key`` (a digest of what the corpus is made of,
+    see ``inputs_digest``) the cache is checked against that key and the callable only runs on a rebuild.
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
@@ -118,15 +145,12 @@ def build_tiny_policy(
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
     out = Path(out_dir)
-    texts = list(stdlib_corpus() if corpus is None else corpus)
-    if not texts or not any(texts):
-        raise ValueError("corpus: empty; the tokenizer needs some text to train on")
-    digest = hashlib.sha256()
-    for t in texts:
-        digest.update(t.encode("utf-8", "surrogatepass"))
-        digest.update(b"\0")
+    texts: list[str] | None = None
+    if corpus_key is None:
+        texts = _corpus_texts(corpus)
+        corpus_key = inputs_digest(texts=texts)
     key = _build_key(
-        digest.hexdigest(),
+        corpus_key,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         num_layers=num_layers,
@@ -142,7 +166,15 @@ def build_tiny_policy(
         except json.JSONDecodeError:
             logger.warning("build_tiny_policy: unreadable manifest %s, rebuilding", manifest)
 
+    if texts is None:
+        texts = _corpus_texts(corpus)
     vocab, merges = _train_bpe(texts, vocab_size)
+    if len(vocab) < vocab_size:
+        logger.warning(
+            "build_tiny_policy: the corpus allows only %d of the %d tokens asked (every word is one token)",
+            len(vocab),
+            vocab_size,
+        )
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
         merges=merges,
@@ -176,6 +208,54 @@ def build_tiny_policy(
     tokenizer.save_pretrained(out)
     manifest.write_text(json.dumps(key, indent=1))
     return out
+
+
+def _corpus_texts(corpus: Iterable[str] | Callable[[], Iterable[str]] | None) -> list[str]:
+    if callable(corpus):
+        corpus = corpus()
+    texts = list(stdlib_corpus() if corpus is None else corpus)
+    if not texts or not any(texts):
+        raise ValueError("corpus: empty; the tokenizer needs some text to train on")
+    return texts
+
+
+def alfworld_tiny_policy(
+    out_dir: str | Path,
+    *,
+    vocab_size: int = 1024,
+    seed: int = 0,
+    demonstrations: Callable[[], object] | None = None,
+    **architecture: int,
+) -> Path:
+    """A tiny policy whose tokenizer is trained on the bundled ALFWorld train games.
+
+    Corpus: the task, every observation and every admissible command along each game's walkthrough (replayed
+    through the env, about a minute), the engine's grammar (all feedback texts it can print) and the prompt
+    templates. The cache key is a digest of those inputs (game files, grammar, templates), so the build is
+    redone exactly when one changes. ``demonstrations`` (returning the walkthroughs' ``DemoSet``) lets a caller
+    share one replay with its warm start.
+    """
+    from envs.alfworld.games import BUNDLED_DATA, find_games
+    from envs.alfworld.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
+    from envs.alfworld.wheel import grammar_path, read_grammar
+    from gagpo_rllib.demonstrations import alfworld_demonstrations, demonstration_texts
+
+    games = [Path(g.game_file) for g in find_games(BUNDLED_DATA, "train").games]
+    extra = [FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, "user assistant system"]
+    key = inputs_digest(
+        files=[*games, *(g.parent / "traj_data.json" for g in games), grammar_path()],
+        texts=[*extra, _ALFWORLD_CORPUS_VERSION],
+    )
+
+    def corpus() -> list[str]:
+        demo_set = (
+            demonstrations() if demonstrations is not None else alfworld_demonstrations({"split": "train"})
+        )
+        return demonstration_texts(demo_set.demonstrations) + [read_grammar(), *extra]
+
+    return build_tiny_policy(
+        out_dir, corpus=corpus, corpus_key=key, vocab_size=vocab_size, seed=seed, **architecture
+    )
 
 
 def load_policy(

@@ -34,6 +34,9 @@ PROMPT_IDS = "prompt_ids"
 ACTION_IDS = "action_ids"
 ACTION_LOGP = "action_logp"
 
+# The policy's parameters in this module's state: "model." + the Hugging Face name.
+_POLICY_PREFIX = "model."
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -64,7 +67,6 @@ class LLMRLModule(TorchRLModule):
             raise ValueError(f"model_config['dtype'] must be one of {sorted(_DTYPES)}, got {dtype_name!r}")
         self.model_path = str(path)
         self.dtype = _DTYPES[dtype_name]
-        self.model, self.tokenizer = load_policy(self.model_path, dtype=self.dtype)
         self.sampling = SamplingConfig(**cfg.get("sampling", {}))
         self.eval_sampling = SamplingConfig(**cfg.get("eval_sampling", cfg.get("sampling", {})))
         self.backend_name = cfg.get("backend", "hf")
@@ -72,6 +74,25 @@ class LLMRLModule(TorchRLModule):
         if self.backend_name not in ("hf", "vllm"):
             raise ValueError(f"model_config['backend'] must be 'hf' or 'vllm', got {self.backend_name!r}")
         self._backend: GenerationBackend | None = None
+        # An EnvRunner with the vLLM backend keeps no Hugging Face copy of the policy (7B in fp32 is ~30 GB of
+        # host memory): the engine holds the weights, set_state hands them straight to it, the module keeps the
+        # tokenizer. The engine starts here, before training, sized to max_prompt_tokens + max_new_tokens.
+        # The driver's own EnvRunner, when remote EnvRunners sample, starts no engine unless it is used.
+        self.weights_in_engine = bool(self.inference_only and self.backend_name == "vllm")
+        self._pending_state: dict[str, Any] | None = None
+        if self.weights_in_engine:
+            if cfg.get("max_prompt_tokens") is not None:
+                longest = max(self.sampling.max_new_tokens, self.eval_sampling.max_new_tokens)
+                self.backend_kwargs.setdefault("max_model_len", int(cfg["max_prompt_tokens"]) + longest)
+            self.model = None
+            if int(cfg.get("num_env_runners", 0) or 0) == 0 or _in_ray_actor():
+                self.tokenizer = self.backend.tokenizer
+            else:
+                from gagpo_rllib.generation.vllm import load_rollout_tokenizer
+
+                self.tokenizer = load_rollout_tokenizer(self.model_path)
+        else:
+            self.model, self.tokenizer = load_policy(self.model_path, dtype=self.dtype)
         # Seconds spent in the backend so far (EnvRunners report the time split per iteration from it).
         self.generation_time_s = 0.0
         # Kept outside nn.Module registration: not a parameter, not in the state, not sent to EnvRunners.
@@ -106,6 +127,9 @@ class LLMRLModule(TorchRLModule):
                 self._backend = make_backend("hf", (self.model, self.tokenizer), device=device)
             else:
                 self._backend = make_backend("vllm", self.model_path, **self.backend_kwargs)
+                if self._pending_state is not None:  # weights that arrived before the engine existed
+                    state, self._pending_state = self._pending_state, None
+                    self.set_state(state)
         return self._backend
 
     # ------------------------------------------------------------------------------------------------ forwards
@@ -155,13 +179,38 @@ class LLMRLModule(TorchRLModule):
         return out
 
     # ----------------------------------------------------------------------------------------------- state sync
+    def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """RLlib's state (numpy arrays), except that bfloat16 weights, which numpy cannot hold, stay CPU tensors."""
+        if not any(p.dtype == torch.bfloat16 for p in self.parameters()):
+            return super().get_state(*args, **kwargs)
+        return {k: v.detach().cpu() for k, v in self.state_dict().items()}
+
     def set_state(self, state: dict[str, Any]) -> None:
-        """Load new weights and push them to the rollout backend (a no-op copy for HF, which shares the model)."""
+        """Load new weights and push them to the rollout backend (a no-op copy for HF, which shares the model).
+
+        With the weights in a vLLM engine, the policy's tensors (this module's ``model.`` names minus that prefix:
+        the Hugging Face names) go to the engine one at a time, in its dtype; nothing else keeps a copy.
+        """
+        if self.weights_in_engine:
+            if self._backend is None:  # no engine started (the driver's idle runner): keep the latest weights
+                self._pending_state = state
+                return
+            names = [k for k in state if k.startswith(_POLICY_PREFIX)]
+            if names:
+                self.backend.update_weights((k[len(_POLICY_PREFIX) :], state[k]) for k in names)
+            return
         super().set_state(state)
         if self._backend is not None:
             if self.backend_name != "hf":
                 self._backend.update_weights(self.model.state_dict())
             self._backend.reset_cache()
+
+
+def _in_ray_actor() -> bool:
+    """Whether this process is a Ray actor (a remote EnvRunner), not the driver."""
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def unpad_token_batch(

@@ -6,6 +6,7 @@ checkpoints; this module adds the RLlib-CLI semantics on top and keeps the termi
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import runpy
@@ -18,7 +19,17 @@ import ray
 from ray import tune
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-__all__ = ["TrainSpec", "load_train_file", "train", "find_metric", "ProgressPrinter", "with_ray_metrics"]
+__all__ = [
+    "TrainSpec",
+    "load_train_file",
+    "train",
+    "find_metric",
+    "describe_env",
+    "ProgressPrinter",
+    "with_ray_metrics",
+]
+
+logger = logging.getLogger(__name__)
 
 SUCCESS_KEYS = ("success_rate", "episode_success_mean", "won_mean")
 
@@ -71,25 +82,49 @@ def find_metric(result: Mapping[str, Any], suffixes: tuple[str, ...] = SUCCESS_K
     return None
 
 
+def describe_env(config: Mapping[str, Any] | None) -> str | None:
+    """What the env of a trial's config plays on (data, noun extractor, split), from the env class's
+    ``describe_config(env_config)`` when it has one (WebShop does); None otherwise."""
+    env = (config or {}).get("env")
+    describe = getattr(env, "describe_config", None)
+    if not callable(describe):
+        return None
+    try:
+        return str(describe(dict((config or {}).get("env_config") or {})))
+    except Exception as err:  # noqa: BLE001 - a progress line must not end a run
+        logger.warning("progress line: %s.describe_config failed: %s", getattr(env, "__name__", env), err)
+        return None
+
+
 class ProgressPrinter(tune.Callback):
-    """One line per iteration: iteration, success, return, time per iteration, ETA to the iteration limit."""
+    """One line per iteration: iteration, success, mean task score (when the env reports one), return, time per
+    iteration, ETA to the iteration limit, and what the env plays on (``describe_env``)."""
 
     def __init__(self, stop: Mapping[str, Any] | None = None):
         self.max_iterations = (stop or {}).get("training_iteration")
+        self._described: dict[str, str | None] = {}
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         it = int(result.get("training_iteration", 0))
         per_iter = float(result.get("time_total_s", 0.0)) / max(it, 1)
         success = find_metric(result)
+        score = find_metric(result, ("task_score_mean",))
         ret = find_metric(result, ("episode_return_mean",))
         parts = [f"[{trial.trial_id}] iter {it}" + (f"/{self.max_iterations}" if self.max_iterations else "")]
         if success is not None:
             parts.append(f"success {success:6.1%}")
+        if score is not None:
+            parts.append(f"score {100 * score:5.1f}")
         if ret is not None and math.isfinite(ret):
             parts.append(f"return {ret:7.2f}")
         parts.append(f"{per_iter:6.1f} s/iter")
         if self.max_iterations:
             parts.append(f"ETA {max(self.max_iterations - it, 0) * per_iter:6.0f} s")
+        trial_id = str(getattr(trial, "trial_id", ""))
+        if trial_id not in self._described:
+            self._described[trial_id] = describe_env(getattr(trial, "config", None))
+        if self._described[trial_id]:
+            parts.append(f"| {self._described[trial_id]}")
         print("  ".join(parts), flush=True)
 
 
@@ -123,6 +158,7 @@ def train(
     checkpoint_at_end: bool = True,
     restore: str | None = None,
     resume: str | None = None,
+    max_failures: int = 0,
     num_cpus: int | None = None,
     dashboard: bool = False,
     verbose: int = 0,
@@ -130,7 +166,9 @@ def train(
     """Train ``config`` under Tune until ``stop``; returns the ResultGrid and prints where results went.
 
     ``restore`` starts from an Algorithm checkpoint's weights and state; ``resume`` continues an interrupted
-    experiment directory where it stopped.
+    experiment directory where it stopped. ``max_failures`` (Tune's ``FailureConfig``): a trial that raises is
+    restarted from its last checkpoint up to that many times (0, the default: not restarted; -1: always), so set
+    ``checkpoint_freq`` too or the restart begins from scratch.
     """
     init_ray(num_cpus=num_cpus, dashboard=dashboard)
     if dashboard:
@@ -153,6 +191,7 @@ def train(
         checkpoint_config=tune.CheckpointConfig(
             checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end
         ),
+        failure_config=tune.FailureConfig(max_failures=max_failures),
     )
     if resume is not None:
         tuner = tune.Tuner.restore(

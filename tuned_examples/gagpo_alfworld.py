@@ -7,9 +7,13 @@ model, sampling at temperature 1.0, free-form ``<think>/<action>`` answers, vLLM
 all of valid_unseen at temperature 0.4 (``evaluation/valid/...`` in the results; ``rllib evaluate`` does the
 same on a checkpoint).
 
-Without a model it is the embedded CPU default: a tiny random-init policy whose tokenizer is trained on texts of the
-bundled games, constrained decoding over the admissible commands, 4 games x 4 rollouts, 30 steps, 5 iterations,
-then a validation on 6 valid_unseen games.
+Without a model it is the embedded CPU default: a tiny random-init policy whose tokenizer is trained on the texts of
+every bundled train game, warm-started by behaviour cloning on the walkthroughs of most of them (cached next to the
+policy; ``rllib sft`` does the same for any model), then GAGPO with constrained decoding over the admissible
+commands on the 18 train games the warm start did not see (3 per task type), 4 games x 4 rollouts, 30 steps,
+24 iterations; validation on all of valid_unseen before training and every 8 iterations, each one printing the
+success per task type next to the warm start's. ``GAGPO_ALFWORLD_WARM_START=0``: the bare tiny policy on all
+train games, 5 iterations and a validation on 6 valid_unseen games, as before the warm start existed.
 
     rllib train file tuned_examples/gagpo_alfworld.py --stop '{"training_iteration": 2}'
     GAGPO_MODEL=/models/Qwen2.5-1.5B-Instruct python tuned_examples/gagpo_alfworld.py --iterations 150
@@ -18,19 +22,32 @@ then a validation on 6 valid_unseen games.
 from __future__ import annotations
 
 import argparse
+import functools
+import json
+import math
 import os
+import shutil
+from dataclasses import asdict
 from pathlib import Path
 
-from envs.alfworld import TASK_TYPES
+import numpy as np
+
+from envs.alfworld import SHORT_NAMES, TASK_TYPES
+from envs.alfworld.games import BUNDLED_DATA, find_games
 from envs.alfworld.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
 from gagpo_rllib.algorithm import GAGPOConfig
+from gagpo_rllib.demonstrations import DemoSet, alfworld_demonstrations
 from gagpo_rllib.evaluation import EvalSettings, with_validation
-from gagpo_rllib.models import build_tiny_policy
+from gagpo_rllib.models import alfworld_tiny_policy, inputs_digest
+from gagpo_rllib.sft import SFTSettings, finetune
 
 VALID_SPLIT = "valid_unseen"
 POLICY_DIR = Path(
     os.environ.get("GAGPO_TINY_ALFWORLD_DIR", Path.home() / ".cache" / "gagpo_rllib" / "tiny_alfworld_policy")
 )
+# Learners (DDP, whole groups each) and EnvRunners (one rollout backend each): README "Scaling out".
+NUM_LEARNERS = int(os.environ.get("GAGPO_NUM_LEARNERS", "0"))
+NUM_ENV_RUNNERS = int(os.environ.get("GAGPO_NUM_ENV_RUNNERS", "1"))
 
 
 def env_class() -> type:
@@ -40,42 +57,150 @@ def env_class() -> type:
     return AlfworldEnv
 
 
-def alfworld_corpus(steps_per_game: int = 4) -> list[str]:
-    """Observations, goals and admissible commands of one bundled game per task type (a few steps deep)."""
-    env = env_class()({"split": "train"})
-    texts: list[str] = []
-    for task_type in TASK_TYPES:
-        task_id = next(i for i, g in enumerate(env.games) if g.task_type == task_type)
-        obs, info = env.reset(seed=0, options={"task_id": task_id})
-        texts += [obs, info["task"], *info["admissible_actions"]]
-        for step in range(steps_per_game):
-            actions = info["admissible_actions"]
-            if not actions:
-                break
-            obs, _, terminated, truncated, info = env.step(actions[step % len(actions)])
-            texts += [obs, *info["admissible_actions"]]
-            if terminated or truncated:
-                break
-    return sorted(set(texts))
+# The CPU default's warm start: behaviour cloning of the walkthroughs of most bundled train games; GAGPO then
+# trains on the games kept out of it (GAGPO_GAMES_PER_TYPE of each task type), validation on valid_unseen.
+WARM_START = os.environ.get("GAGPO_ALFWORLD_WARM_START", "1") != "0"
+GAGPO_GAMES_PER_TYPE = 3
+VALID_INTERVAL = 8
+WARM_START_SETTINGS = SFTSettings(epochs=30, lr=2e-3, batch_size=16, heldout_fraction=0.1, history_length=2)
+
+
+def bundled_train_games() -> list[Path]:
+    """Game files of the bundled train split, in the env's task-id order."""
+    return [Path(g.game_file) for g in find_games(BUNDLED_DATA, "train").games]
+
+
+@functools.cache
+def train_demonstrations() -> DemoSet:
+    """Every bundled train game's walkthrough replayed through the env (about a minute; done once a process)."""
+    return alfworld_demonstrations({"split": "train"})
 
 
 def alfworld_policy(out_dir: Path = POLICY_DIR, *, seed: int = 0) -> Path:
-    """A tiny policy for the CPU default, built once (delete the folder to rebuild it)."""
-    if (out_dir / "config.json").is_file() and (out_dir / "tokenizer_config.json").is_file():
+    """A tiny policy for the CPU default, its tokenizer trained on all bundled train games (cached)."""
+    return alfworld_tiny_policy(out_dir, vocab_size=1024, seed=seed, demonstrations=train_demonstrations)
+
+
+def split_games(per_type: int = GAGPO_GAMES_PER_TYPE, *, seed: int = 0) -> tuple[list[int], list[int]]:
+    """(warm-start games, GAGPO games): task ids of the bundled train split; ``per_type`` games of each task
+    type, drawn from ``seed``, are kept out of the warm start for GAGPO."""
+    games = find_games(BUNDLED_DATA, "train").games
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xA1F]))
+    gagpo: list[int] = []
+    for task_type in TASK_TYPES:
+        ids = [i for i, g in enumerate(games) if g.task_type == task_type]
+        gagpo += sorted(int(i) for i in rng.permutation(ids)[:per_type])
+    held = set(gagpo)
+    return [i for i in range(len(games)) if i not in held], sorted(gagpo)
+
+
+def gagpo_data_dir(task_ids: list[int], out_dir: Path) -> Path:
+    """A data folder in ALFWorld's layout whose train split holds only ``task_ids`` (copies of the bundled
+    games) and whose valid_unseen is the bundled one; rewritten when the selection changes."""
+    games = bundled_train_games()
+    chosen = [games[i].parent for i in task_ids]
+    marker = out_dir / "selection.json"
+    selection = [str(p.relative_to(BUNDLED_DATA)) for p in chosen]
+    if marker.is_file() and json.loads(marker.read_text()) == selection:
         return out_dir
-    corpus = alfworld_corpus() + [FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, "user assistant system"]
-    return build_tiny_policy(out_dir, corpus=corpus, vocab_size=1024, seed=seed)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    for folder, rel in zip(chosen, selection, strict=True):
+        shutil.copytree(folder, out_dir / rel)
+    shutil.copytree(BUNDLED_DATA / VALID_SPLIT, out_dir / VALID_SPLIT)
+    marker.write_text(json.dumps(selection))
+    return out_dir
+
+
+def warm_start(
+    policy: Path, task_ids: list[int], out_dir: Path, *, settings: SFTSettings = WARM_START_SETTINGS
+) -> Path:
+    """The tiny policy fine-tuned on the walkthroughs of ``task_ids`` (cached by its inputs)."""
+    games = bundled_train_games()
+    key = inputs_digest(
+        files=[policy / "model.safetensors", policy / "tokenizer.json", *(games[i] for i in task_ids)],
+        texts=[
+            json.dumps(asdict(settings), sort_keys=True),
+            FIRST_PROMPT_TEMPLATE,
+            PROMPT_TEMPLATE,
+        ],
+    )
+    wanted = set(task_ids)
+
+    def demos() -> DemoSet:
+        demo_set = train_demonstrations()
+        return DemoSet([d for d in demo_set.demonstrations if d.task_id in wanted], demo_set.skipped)
+
+    finetune(
+        policy,
+        demos,
+        out_dir,
+        first_template=FIRST_PROMPT_TEMPLATE,
+        template=PROMPT_TEMPLATE,
+        settings=settings,
+        cache_key=key,
+    )
+    return out_dir
+
+
+def format_before_after(before: dict[str, float], after: dict[str, float], label: str) -> str:
+    """Success per task type (percent) of the warm start and of ``label``, from two validation results."""
+    names = [*(SHORT_NAMES[t] for t in TASK_TYPES), "All"]
+
+    def cell(table: dict[str, float], name: str) -> str:
+        value = table.get("success" if name == "All" else f"by_type/{name}", math.nan)
+        return "-" if math.isnan(value) else f"{100 * value:.1f}"
+
+    rows = [
+        ["", *names],
+        ["warm start", *(cell(before, n) for n in names)],
+        [label, *(cell(after, n) for n in names)],
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(names) + 1)]
+    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+class ValidationAgainstWarmStart:
+    """The validation function, printing after each validation the per-task-type success of the warm start
+    (the validation played when the algorithm starts) next to the latest one."""
+
+    def __init__(self, validate):
+        self.validate = validate
+        self.before: dict[str, float] | None = None
+
+    def __call__(self, algorithm, eval_group):
+        out = self.validate(algorithm, eval_group)
+        table = out[0]["valid"]
+        if self.before is None:
+            self.before = dict(table)
+        else:
+            # Called inside the training step, before the algorithm counts the iteration just trained.
+            label = f"iteration {algorithm.iteration + 1}"
+            print(
+                f"{VALID_SPLIT} success by task type:\n{format_before_after(self.before, table, label)}",
+                flush=True,
+            )
+        return out
+
+
+def validate_warm_start(algorithm, **kwargs) -> None:
+    """Play the validation once before training, so the curve and the table start at the warm start."""
+    algorithm.evaluate()
 
 
 def paper_config(model_path: str, *, num_gpus: int | None = None, seed: int = 0) -> GAGPOConfig:
     """The paper's ALFWorld set-up (Qwen2.5-1.5B-Instruct): vLLM rollouts and bf16 when a GPU is there."""
     gpus = int(os.environ.get("GAGPO_GPUS", "0")) if num_gpus is None else num_gpus
     on_gpu = gpus > 0
+    # GPUs split evenly over learners (the local one when NUM_LEARNERS is 0) and runners: 0.5 each on one GPU.
+    gpu_each = min(1.0, gpus / (max(1, NUM_LEARNERS) + NUM_ENV_RUNNERS)) if on_gpu else 0
     config = (
         GAGPOConfig()
         .environment(env_class(), env_config={"split": "train"})
-        .env_runners(num_env_runners=1, num_gpus_per_env_runner=0.5 if on_gpu else 0)
-        .learners(num_learners=0, num_gpus_per_learner=0.5 if on_gpu else 0)
+        .env_runners(num_env_runners=NUM_ENV_RUNNERS, num_gpus_per_env_runner=gpu_each)
+        .learners(num_learners=NUM_LEARNERS, num_gpus_per_learner=gpu_each)
         .gagpo(
             model_path=model_path,
             estimator="gagpo",
@@ -109,14 +234,34 @@ def paper_config(model_path: str, *, num_gpus: int | None = None, seed: int = 0)
     )
 
 
-def cpu_config(*, policy_dir: Path = POLICY_DIR, num_env_runners: int = 1, seed: int = 0) -> GAGPOConfig:
-    """The embedded default: a tiny policy on the bundled games, constrained decoding, CPU only."""
+def cpu_config(
+    *,
+    policy_dir: Path = POLICY_DIR,
+    num_env_runners: int = NUM_ENV_RUNNERS,
+    seed: int = 0,
+    warm: bool = WARM_START,
+    warm_settings: SFTSettings = WARM_START_SETTINGS,
+) -> GAGPOConfig:
+    """The embedded default: a tiny policy on the bundled games, constrained decoding, CPU only.
+
+    With ``warm`` (default; ``GAGPO_ALFWORLD_WARM_START=0`` turns it off) the policy is first fine-tuned on the
+    walkthroughs of most train games, and GAGPO trains on the other ``GAGPO_GAMES_PER_TYPE`` games of each type.
+    """
+    policy = alfworld_policy(policy_dir)
+    env_config: dict = {"split": "train"}
+    if warm:
+        warm_ids, gagpo_ids = split_games()
+        folder = policy_dir.with_name(policy_dir.name + "_warm_start")
+        policy = warm_start(policy, warm_ids, folder, settings=warm_settings)
+        data_dir = gagpo_data_dir(gagpo_ids, policy_dir.with_name(policy_dir.name + "_gagpo_games"))
+        env_config["data_dir"] = str(data_dir)
     config = (
         GAGPOConfig()
-        .environment(env_class(), env_config={"split": "train"})
+        .environment(env_class(), env_config=env_config)
         .env_runners(num_env_runners=num_env_runners)
+        .learners(num_learners=NUM_LEARNERS)
         .gagpo(
-            model_path=str(alfworld_policy(policy_dir)),
+            model_path=str(policy),
             estimator="gagpo",
             group_size=4,
             groups_per_iteration=4,
@@ -130,13 +275,26 @@ def cpu_config(*, policy_dir: Path = POLICY_DIR, num_env_runners: int = 1, seed:
         .training(lr=5e-4, num_epochs=1, minibatch_size=512, grad_clip=1.0)
         .debugging(seed=seed)
     )
-    # Validation after every 5 iterations on 6 tasks of valid_unseen.
-    return with_validation(
+    if not warm:
+        # Validation after every 5 iterations on 6 tasks of valid_unseen.
+        return with_validation(
+            config,
+            split=VALID_SPLIT,
+            interval=5,
+            settings=EvalSettings(split=VALID_SPLIT, num_tasks=6, seed=seed),
+        )
+    # Validation on all of valid_unseen before training and every VALID_INTERVAL iterations, each one printing
+    # the success per task type next to the warm start's.
+    config = with_validation(
         config,
         split=VALID_SPLIT,
-        interval=5,
-        settings=EvalSettings(split=VALID_SPLIT, num_tasks=6, seed=seed),
+        interval=VALID_INTERVAL,
+        settings=EvalSettings(split=VALID_SPLIT, seed=seed),
     )
+    config.evaluation(
+        custom_evaluation_function=ValidationAgainstWarmStart(config.custom_evaluation_function)
+    )
+    return config.callbacks(on_algorithm_init=validate_warm_start)
 
 
 def make_config(model_path: str | None = None, **kwargs) -> GAGPOConfig:
@@ -146,7 +304,8 @@ def make_config(model_path: str | None = None, **kwargs) -> GAGPOConfig:
 
 MODEL = os.environ.get("GAGPO_MODEL")
 config = make_config(MODEL)
-stop = {"training_iteration": 150 if MODEL else 5}
+CPU_ITERATIONS = 24 if WARM_START else 5
+stop = {"training_iteration": 150 if MODEL else CPU_ITERATIONS}
 
 
 if __name__ == "__main__":
@@ -164,7 +323,7 @@ if __name__ == "__main__":
     config = paper_config(args.model, num_gpus=args.gpus) if args.model else cpu_config()
     train(
         config,
-        stop={**stop, "training_iteration": args.iterations or (150 if args.model else 5)},
+        stop={**stop, "training_iteration": args.iterations or (150 if args.model else CPU_ITERATIONS)},
         storage_path=args.storage,
         name="gagpo_alfworld",
         checkpoint_freq=args.checkpoint_freq,

@@ -33,7 +33,7 @@ def maze_policy(out_dir: Path = POLICY_DIR, *, seed: int = 0) -> Path:
 def make_config(
     *, estimator: str = "gagpo", seed: int = 0, num_env_runners: int = 1, policy_dir: Path = POLICY_DIR
 ) -> GAGPOConfig:
-    """The built-in configuration; ``estimator`` switches the advantage (gagpo, gigpo, grpo, rloo)."""
+    """The built-in configuration; ``estimator`` switches the advantage (gagpo, gigpo, grpo, rloo, ppo)."""
     return (
         GAGPOConfig()
         .environment(MazeEnv, env_config={"split": "train", "num_tasks": 8})
@@ -64,7 +64,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=150, help="iteration budget")
     parser.add_argument("--storage", default="results", help="folder for results and checkpoints")
-    parser.add_argument("--estimator", default="gagpo", choices=["gagpo", "gigpo", "grpo", "rloo"])
+    parser.add_argument("--estimator", default="gagpo", choices=["gagpo", "gigpo", "grpo", "rloo", "ppo"])
     args = parser.parse_args()
     config = make_config(estimator=args.estimator)
     train(

@@ -3,7 +3,9 @@
 With ``GAGPO_MODEL=/path/to/Qwen2.5-1.5B-Instruct`` (or ``--model``) this is the paper's configuration:
 16 goals x 8 rollouts per iteration, at most 15 steps, history 2, gamma 0.95, lr 1e-6, k3 KL 0.01, sampling at
 temperature 1.0, free-form ``<think>/<action>`` answers (the model writes its own search queries), pages shown
-without the instruction (verl-agent's page text), vLLM rollouts and bf16 on a GPU (``GAGPO_GPUS``), and validation
+without the instruction (verl-agent's page text), vLLM rollouts and bf16 on a GPU (``GAGPO_GPUS``), the GiGPO
+reference's goals (split scheme 'gigpo': train [500:], eval [:500], so a reported number is on the papers' goals;
+with fewer than 3,000 goals the cut points scale, see envs/webshop/goals.py), and validation
 every 5 iterations on the eval split at temperature 0.4 (``evaluation/valid/score`` and ``.../success``;
 ``rllib evaluate`` prints the same columns for a checkpoint).
 
@@ -32,7 +34,12 @@ VALID_SPLIT = "eval"
 POLICY_DIR = Path(
     os.environ.get("GAGPO_TINY_WEBSHOP_DIR", Path.home() / ".cache" / "gagpo_rllib" / "tiny_webshop_policy")
 )
+# Learners (DDP, whole groups each) and EnvRunners (one rollout backend each): README "Scaling out".
+NUM_LEARNERS = int(os.environ.get("GAGPO_NUM_LEARNERS", "0"))
+NUM_ENV_RUNNERS = int(os.environ.get("GAGPO_NUM_ENV_RUNNERS", "1"))
 ENV_CONFIG = {"split": "train", "strip_instruction": True}
+# The GiGPO reference's goals: train on [500:], validate on [:500] (WebShop's own baselines: test [:500]).
+PAPER_ENV_CONFIG = {**ENV_CONFIG, "split_scheme": "gigpo"}
 
 
 def webshop_corpus(num_goals: int = 24) -> list[str]:
@@ -63,11 +70,13 @@ def paper_config(model_path: str, *, num_gpus: int | None = None, seed: int = 0)
     """The paper's WebShop set-up (Qwen2.5-1.5B-Instruct): vLLM rollouts and bf16 when a GPU is there."""
     gpus = int(os.environ.get("GAGPO_GPUS", "0")) if num_gpus is None else num_gpus
     on_gpu = gpus > 0
+    # GPUs split evenly over learners (the local one when NUM_LEARNERS is 0) and runners: 0.5 each on one GPU.
+    gpu_each = min(1.0, gpus / (max(1, NUM_LEARNERS) + NUM_ENV_RUNNERS)) if on_gpu else 0
     config = (
         GAGPOConfig()
-        .environment(WebShopEnv, env_config=dict(ENV_CONFIG))
-        .env_runners(num_env_runners=1, num_gpus_per_env_runner=0.5 if on_gpu else 0)
-        .learners(num_learners=0, num_gpus_per_learner=0.5 if on_gpu else 0)
+        .environment(WebShopEnv, env_config=dict(PAPER_ENV_CONFIG))
+        .env_runners(num_env_runners=NUM_ENV_RUNNERS, num_gpus_per_env_runner=gpu_each)
+        .learners(num_learners=NUM_LEARNERS, num_gpus_per_learner=gpu_each)
         .gagpo(
             model_path=model_path,
             estimator="gagpo",
@@ -101,12 +110,15 @@ def paper_config(model_path: str, *, num_gpus: int | None = None, seed: int = 0)
     )
 
 
-def cpu_config(*, policy_dir: Path = POLICY_DIR, num_env_runners: int = 1, seed: int = 0) -> GAGPOConfig:
+def cpu_config(
+    *, policy_dir: Path = POLICY_DIR, num_env_runners: int = NUM_ENV_RUNNERS, seed: int = 0
+) -> GAGPOConfig:
     """The embedded default: a tiny policy on the bundled catalogue, constrained decoding, CPU only."""
     config = (
         GAGPOConfig()
         .environment(WebShopEnv, env_config=dict(ENV_CONFIG))
         .env_runners(num_env_runners=num_env_runners)
+        .learners(num_learners=NUM_LEARNERS)
         .gagpo(
             model_path=str(webshop_policy(policy_dir)),
             estimator="gagpo",

@@ -35,9 +35,11 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 from gagpo_rllib.advantages import compute_advantages, grouping_diagnostics
 from gagpo_rllib.connectors.env_to_module import single_module
 from gagpo_rllib.connectors.module_to_env import INVALID
+from gagpo_rllib.connectors.state_keys import STATE_KEY
 from gagpo_rllib.generation.constraints import allowed_token_masks
 from gagpo_rllib.logprobs import action_logprobs
 from gagpo_rllib.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
+from gagpo_rllib.similarity import anchor_keys
 
 __all__ = ["GROUP_ID", "GroupedAdvantages", "StepRows", "episode_rows", "uniform_groups"]
 
@@ -89,13 +91,20 @@ def episode_rows(episodes: Sequence, invalid_penalty: float) -> StepRows:
         rewards = np.asarray(list(episode.get_rewards()), dtype=np.float64)
         invalid = np.asarray(list(episode.get_extra_model_outputs(INVALID)), dtype=bool)
         infos = list(episode.get_infos())
+        # Keys the EnvRunner computed with the configured state_key choice; else the env's own key.
+        stored = None
+        if STATE_KEY in episode.extra_model_outputs:
+            stored = list(episode.get_extra_model_outputs(STATE_KEY))
         for t in range(steps):
             info = infos[t]
-            if "state_key" not in info:
+            if stored is not None:
+                cols["state_key"].append(stored[t])
+            elif "state_key" not in info:
                 raise KeyError(
                     f"env info at step {t} of episode {episode.id_} lacks 'state_key' (env protocol)"
                 )
-            cols["state_key"].append(str(info["state_key"]))
+            else:
+                cols["state_key"].append(str(info["state_key"]))
             cols["admissible"].append([str(a) for a in info.get("admissible_actions", ())])
         cols["group_id"].extend([gid] * steps)
         cols["episode_id"].extend([str(episode.id_)] * steps)
@@ -166,6 +175,7 @@ class GroupedAdvantages(ConnectorV2):
         constrained: bool = False,
         recompute_old_logprobs: bool = False,
         recompute_chunk_size: int = 64,
+        similarity_threshold: float | None = None,
         **kwargs,
     ):
         super().__init__(input_observation_space, input_action_space, **kwargs)
@@ -176,6 +186,8 @@ class GroupedAdvantages(ConnectorV2):
         self.constrained = bool(constrained)
         self.recompute_old_logprobs = bool(recompute_old_logprobs)
         self.recompute_chunk_size = int(recompute_chunk_size)
+        # None: exact state keys; else near-identical state texts of a group share an anchor (similarity.py).
+        self.similarity_threshold = similarity_threshold
 
     def advantages(self, rows: StepRows) -> np.ndarray:
         return compute_advantages(
@@ -189,6 +201,8 @@ class GroupedAdvantages(ConnectorV2):
 
     def __call__(self, *, rl_module: RLModule, batch: dict, episodes: list, metrics=None, **kwargs) -> dict:
         rows = episode_rows(episodes, self.invalid_penalty)
+        if self.similarity_threshold is not None:
+            rows.state_key = anchor_keys(rows.group_id, rows.state_key, self.similarity_threshold)
         adv = self.advantages(rows)
         keep = np.ones(len(adv), dtype=bool)
         skipped = uniform_groups(rows) if self.skip_uniform_groups else set()
@@ -197,6 +211,8 @@ class GroupedAdvantages(ConnectorV2):
         if metrics is not None:
             self._log(metrics, rows, adv, keep, len(skipped))
         module = single_module(rl_module)
+        if hasattr(module, "unwrapped"):  # the module itself, also under DDP (N learners)
+            module = module.unwrapped()
         idx = np.flatnonzero(keep)
         prompts = [rows.prompt_ids[i] for i in idx]
         actions = [rows.action_ids[i] for i in idx]
@@ -229,8 +245,13 @@ class GroupedAdvantages(ConnectorV2):
         }
         if masks is not None:
             data["allowed_ids"] = self._allowed_ids(masks, a_width)
+        data.update(self.extra_columns(rows, idx))
         batch[DEFAULT_MODULE_ID] = data
         return batch
+
+    def extra_columns(self, rows: StepRows, idx: np.ndarray) -> dict[str, torch.Tensor]:
+        """Further per-step tensors for rows ``idx`` of the batch: none here (a critic adds its targets)."""
+        return {}
 
     def _learner_logprobs(
         self,
@@ -283,5 +304,7 @@ class GroupedAdvantages(ConnectorV2):
             "num_groups_skipped": float(n_skipped),
             "invalid_share": float(rows.invalid.mean()) if len(rows.invalid) else 0.0,
         }
+        # Counts add up over the learners (each sees its own whole groups); the rest is averaged.
+        counts = ("num_steps", "num_steps_trained", "num_groups", "num_groups_skipped")
         for name, value in stats.items():
-            metrics.log_value(("gagpo", name), value, reduce="mean")
+            metrics.log_value(("gagpo", name), value, reduce="sum" if name in counts else "mean")

@@ -2,14 +2,49 @@
 
 from __future__ import annotations
 
+import logging
+import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-__all__ = ["GenerationBackend", "GenerationOutput", "SamplingConfig"]
+__all__ = ["GenerationBackend", "GenerationOutput", "SamplingConfig", "Seed", "mix_seed", "row_seeds"]
+
+logger = logging.getLogger(__name__)
+
+# One seed for the call (mixed with each request's index) or one seed per prompt.
+Seed = int | Sequence[int] | None
+
+
+def mix_seed(*parts: int) -> int:
+    """A 31-bit seed hashed from integer parts, so (call seed, request index) pairs never collide by addition."""
+    words = [int(p) & 0xFFFFFFFF for p in parts] + [int(p) >> 32 & 0xFFFFFFFF for p in parts]
+    return int(np.random.SeedSequence(words).generate_state(1)[0] >> 1)
+
+
+def row_seeds(seed: Seed, n: int) -> list[int] | None:
+    """Per-prompt seeds: None stays None; an int is mixed with each prompt's index; a sequence is used as given.
+
+    A row's sampling noise depends on its own seed only, so a prompt draws the same answer whatever else is in
+    the batch.
+    """
+    if seed is None:
+        return None
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        return [mix_seed(int(seed), i) for i in range(n)]
+    if isinstance(seed, (str, bytes)) or not isinstance(seed, (Sequence, np.ndarray)):
+        raise ValueError(f"seed: expected None, an int or one int per prompt, got {type(seed).__name__}")
+    seeds = list(seed)
+    if len(seeds) != n:
+        raise ValueError(f"seed: {len(seeds)} seeds for {n} prompts (one per prompt expected)")
+    for i, s in enumerate(seeds):
+        if not isinstance(s, numbers.Integral) or isinstance(s, bool):
+            raise ValueError(f"seed[{i}]: expected an int, got {s!r}")
+    return [int(s) for s in seeds]
 
 
 @dataclass
@@ -49,6 +84,27 @@ class GenerationBackend(ABC):
     # False when constrained behaviour log-probs cannot match the learner's trie masks exactly (then the learner
     # recomputes the old log-probs itself before the first update).
     exact_logprobs_constrained: bool = True
+    # Calls whose constrained token budget was widened beyond max_new_tokens to fit the longest admissible action.
+    budget_widenings: int = 0
+
+    def token_budget(self, sampling: SamplingConfig, longest_action: int) -> int:
+        """Tokens one constrained call may generate: ``max_new_tokens``, widened to fit the longest action.
+
+        Constrained decoding must be able to emit every admissible action (its tokens and the end token); cutting
+        one short would leave a truncated, unparseable answer. A widening is counted and logged.
+        """
+        budget = int(sampling.max_new_tokens)
+        if longest_action > budget:
+            self.budget_widenings += 1
+            logger.warning(
+                "constrained decoding: the longest admissible action needs %d tokens (with its end token), "
+                "more than max_new_tokens=%d; widening this call's budget (widened calls so far: %d)",
+                longest_action,
+                budget,
+                self.budget_widenings,
+            )
+            budget = int(longest_action)
+        return budget
 
     @abstractmethod
     def generate(
@@ -57,9 +113,13 @@ class GenerationBackend(ABC):
         *,
         sampling: SamplingConfig,
         admissible: list[list[str]] | None = None,
-        seed: int | None = None,
+        seed: Seed = None,
     ) -> list[GenerationOutput]:
-        """Sample one answer per prompt; ``admissible`` (one list per prompt) is required when constrained."""
+        """Sample one answer per prompt; ``admissible`` (one list per prompt) is required when constrained.
+
+        ``seed``: None (the global RNG), an int (mixed with each prompt's index) or one int per prompt; see
+        ``row_seeds``.
+        """
 
     @abstractmethod
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:

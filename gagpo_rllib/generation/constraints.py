@@ -34,10 +34,12 @@ class ActionTrie:
 
     def __init__(self, sequences: Sequence[Sequence[int]]):
         self._root: dict[int, dict] = {}
+        self.depth = 0  # tokens of the longest sequence
         for seq in sequences:
             node = self._root
             for tok in seq:
                 node = node.setdefault(int(tok), {})
+            self.depth = max(self.depth, len(seq))
 
     def _node(self, prefix: Sequence[int]) -> dict[int, dict] | None:
         node = self._root

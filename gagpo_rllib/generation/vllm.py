@@ -1,32 +1,102 @@
-"""Generation through vLLM (GPU only, optional): the backend GPU users run for rollouts.
+"""Generation through vLLM 0.33 (GPU only, optional): the backend GPU users run for rollouts.
 
-Written against vLLM's documented offline API (``LLM``, ``SamplingParams(logprobs=0)``, ``logprobs_mode``,
-``collective_rpc``, ``reset_prefix_cache``, structured outputs with a choice list). vLLM is imported on first
-construction only, so the package imports without it. It is not exercised by the CPU test-suite.
+vLLM is imported on first construction only, so the package imports without it. On CPU the backend is checked
+against a stand-in of the vLLM API (``tests/fakes/vllm``), not against vLLM's kernels.
 
-Constrained decoding uses vLLM's structured-output "choice": the grammar allows every tokenisation of each
-admissible string, which is a superset of the learner's trie over the canonical tokenisation. Constrained outputs
-are therefore returned with the canonical token ids of the chosen action, and ``exact_logprobs_constrained`` is
-False: the learner must recompute the old log-probs with its own masked forward (its first-minibatch ratio is
-then 1).
+Weight sync: in-process engine + ``collective_rpc("reload_weights")``
+---------------------------------------------------------------------
+After RLlib's weight sync the new weights are already in the EnvRunner's process (``LLMRLModule.set_state``
+receives them). The engine is therefore built in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core
+and its single worker live in this process), and the weights go in with
+``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``: an iterator of (Hugging Face name,
+tensor) pairs, converted one tensor at a time to the engine's dtype, which vLLM's model ``load_weights`` maps onto
+its fused layers itself (q/k/v, gate/up; a tied ``lm_head`` is skipped). Then the prefix cache is reset, so no
+cached KV block of the old weights is reused. With the default multiprocess engine ``collective_rpc`` msgpack-
+encodes its arguments: a Python callable is refused and tensors arrive as (dtype, shape, index) lists, so that
+path cannot work. vLLM's weight-transfer API (IPC handles on one GPU, NCCL across GPUs) was not chosen: it needs
+the learner side to drive a matching send (CUDA IPC handles or an NCCL group between the Learner actor and every
+EnvRunner engine), i.e. a second weight-sync channel beside RLlib's, while RLlib already delivers the weights to
+each runner. It is the better path once learner and engines sit on different GPUs with large models; here the
+in-process path costs one host-to-device copy per sync. Building the engine reseeds ``random``/numpy/torch and
+sets torch's thread count in the calling process; both are restored afterwards.
+
+Stop tokens and constraints
+---------------------------
+Free generation stops on the tokenizer's end token and on the model's generation-config end tokens; vLLM keeps
+the stop token in ``token_ids`` with its log-prob, and that is what is returned: no token is ever appended.
+Log-probs are ``processed_logprobs`` (log_softmax of logits / T after the structured-output mask), the
+distribution that was sampled. Constrained decoding uses vLLM's structured-output ``choice``: the grammar allows
+every tokenisation of each admissible string and any end token, a superset of the learner's trie over the
+canonical tokenisation. An answer is returned with its sampled tokens when they are the canonical ones (the
+usual case); otherwise with the canonical tokens and NaN log-probs (counted in ``noncanonical_answers``).
+``exact_logprobs_constrained`` is False and GAGPOConfig requires ``recompute_old_logprobs`` with this backend.
+
+Memory on one GPU (learner + training engine + evaluation engine)
+-----------------------------------------------------------------
+``gpu_memory_utilization`` is a share of the GPU's *total* memory, reserved by each engine at start (weights +
+KV cache + activations) and start-up fails when less is free. Both engines are therefore created when the
+EnvRunners are built, before the learner's first update grows PyTorch's cache, with
+``max_model_len = max_prompt_tokens + max_new_tokens`` (without it the KV cache must fit one 32k-token sequence);
+the driver's own EnvRunner, idle while remote EnvRunners sample, starts its engine only if it is used.
+KV cache per token = 2 (K, V) x layers x KV heads x head dim x 2 bytes (bf16). For an 80 GB GPU, 64 concurrent
+sequences and max_model_len = 2048 + 256 = 2304 (``python benchmarks/bench_rollout.py --vllm-memory`` prints
+these figures):
+
+- Qwen2.5-1.5B (1.54e9 parameters; 28 layers, 2 KV heads, head dim 128 -> 28 KiB per token): engine weights
+  3.1 GB + KV 64 x 2304 x 28 KiB = 4.2 GB + ~2 GB activations/graphs ~= 9.3 GB -> ``gpu_memory_utilization``
+  0.12 for the training engine; the evaluation engine (16 sequences: KV 1.1 GB) ~= 6.1 GB -> 0.08. The fp32
+  learner with AdamW needs 16 bytes per parameter (weights, grads, two moments) = 24.6 GB, plus a 6.2 GB fp32
+  reference when ``kl_coeff`` > 0, plus activations: everything fits in 80 GB.
+- Qwen2.5-7B (7.62e9 parameters; 28 layers, 4 KV heads, head dim 128 -> 56 KiB per token): engine weights
+  15.2 GB + KV 64 x 2304 x 56 KiB = 8.5 GB + ~2 GB ~= 25.7 GB -> 0.33; evaluation engine (16 sequences: 2.1 GB)
+  ~= 19.4 GB -> 0.25. A bf16 learner with AdamW needs 8 bytes per parameter = 61 GB plus a 15.2 GB reference:
+  this does not fit beside the engines on 80 GB. Use ``enable_sleep_mode=True`` and put the engines to sleep
+  during the learner update (``sleep(level=1)`` moves the weights to host memory and frees the KV cache;
+  ``update_weights`` wakes the engine up first; ``GAGPO.training_step`` does not call it itself),
+  ``kl_coeff=0`` (no reference copy), or a 141 GB GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+import math
+import os
+import random
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from gagpo_rllib.generation.base import GenerationBackend, GenerationOutput, SamplingConfig
+from gagpo_rllib.generation.base import GenerationBackend, GenerationOutput, SamplingConfig, Seed, row_seeds
 from gagpo_rllib.generation.constraints import action_token_ids, end_token_id
 
-__all__ = ["VLLMGenerationBackend"]
+__all__ = [
+    "MAX_TEMPERATURE",
+    "MIN_TEMPERATURE",
+    "VLLMGenerationBackend",
+    "check_temperature",
+    "load_rollout_tokenizer",
+]
 
 logger = logging.getLogger(__name__)
+
+# vLLM rejects T > 2 and silently raises 0 < T < 0.01 to 0.01 (which would change the sampled distribution).
+MIN_TEMPERATURE = 0.01
+MAX_TEMPERATURE = 2.0
+_MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def check_temperature(temperature: float, field: str = "temperature") -> None:
+    """Raise ValueError naming ``field`` unless vLLM samples at exactly ``temperature``."""
+    if not MIN_TEMPERATURE <= float(temperature) <= MAX_TEMPERATURE:
+        raise ValueError(
+            f"{field}: the vLLM backend samples at temperatures in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], "
+            f"got {temperature}"
+        )
 
 
 def _import_vllm() -> Any:
@@ -39,27 +109,36 @@ def _import_vllm() -> Any:
     return vllm
 
 
-def _choice_params(choices: list[str]) -> dict[str, Any]:
-    """Keyword for SamplingParams restricting the output to one of ``choices`` (new and older vLLM names)."""
+@contextlib.contextmanager
+def _caller_state_kept() -> Iterator[None]:
+    """Restore ``random``, numpy and torch RNG states and torch's thread count after the block (vLLM sets them)."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    torch_state = torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    threads = torch.get_num_threads()
     try:
-        from vllm.sampling_params import StructuredOutputsParams
-
-        return {"structured_outputs": StructuredOutputsParams(choice=list(choices))}
-    except ImportError:
-        from vllm.sampling_params import GuidedDecodingParams
-
-        return {"guided_decoding": GuidedDecodingParams(choice=list(choices))}
-
-
-def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs inside each vLLM worker (passed to collective_rpc as a callable taking the worker as ``self``)."""
-    worker.model_runner.model.load_weights(weights=weights)
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 class VLLMGenerationBackend(GenerationBackend):
-    """One ``LLM.generate`` call per step for all prompts; weights follow the learner via ``update_weights``."""
+    """One ``LLM.generate`` call per step for all prompts; weights follow the learner via ``update_weights``.
+
+    ``max_model_len`` should be ``max_prompt_tokens + max_new_tokens`` (the module passes it); ``seed`` is the
+    engine's seed (each request gets its own, see ``generate``); ``device`` is where the weights are staged for
+    ``reload_weights`` (the engine's device: "cuda", or "cpu" with vLLM's CPU build).
+    """
 
     exact_logprobs_constrained = False
+    # Constrained answers sampled in a spelling other than the canonical tokenisation (returned canonical, NaN).
+    noncanonical_answers: int = 0
 
     def __init__(
         self,
@@ -67,48 +146,71 @@ class VLLMGenerationBackend(GenerationBackend):
         device: str = "cuda",
         *,
         dtype: str = "auto",
-        gpu_memory_utilization: float = 0.5,
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int | None = None,
         enable_sleep_mode: bool = False,
+        enable_prefix_caching: bool = True,
         seed: int = 0,
         **llm_kwargs: Any,
     ):
+        super().__init__()
         vllm = _import_vllm()
-        if not str(device).startswith("cuda"):
-            raise ValueError(
-                f"device: the vLLM backend runs on CUDA only, got {device!r}; use backend 'hf' on CPU"
+        if not 0.0 < float(gpu_memory_utilization) <= 1.0:
+            raise ValueError(f"gpu_memory_utilization: a share in (0, 1], got {gpu_memory_utilization}")
+        if max_model_len is not None and int(max_model_len) < 2:
+            raise ValueError(f"max_model_len: must be >= 2, got {max_model_len}")
+        if max_model_len is None:
+            logger.warning(
+                "vLLM backend without max_model_len: the KV cache must hold the model's full context; "
+                "set max_prompt_tokens so the engine is sized to max_prompt_tokens + max_new_tokens"
             )
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.tokenizer.padding_side = "left"
+        mode = os.environ.get(_MULTIPROCESSING_ENV)
+        if mode not in (None, "0"):
+            raise ValueError(
+                f"{_MULTIPROCESSING_ENV}={mode}: the vLLM backend needs the in-process engine (unset it or set "
+                "it to 0); the multiprocess engine cannot receive weights through collective_rpc"
+            )
+        os.environ[_MULTIPROCESSING_ENV] = "0"
+        self.device = torch.device(device)
+        self.tokenizer = load_rollout_tokenizer(model_path)
         self.eos_token_id = end_token_id(self.tokenizer)
-        # processed_logprobs: log-probs after temperature (and the structured-output mask), i.e. of the
-        # distribution actually sampled; the default raw_logprobs ignores the temperature.
-        self.llm = vllm.LLM(
-            model=str(model_path),
-            dtype=dtype,
-            seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=enable_sleep_mode,
-            enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",
-            **llm_kwargs,
+        self.stop_token_ids = [self.eos_token_id] + sorted(
+            set(_generation_eos(model_path)) - {self.eos_token_id}
         )
+        self.max_model_len = None if max_model_len is None else int(max_model_len)
+        self.sleep_level: int | None = None  # None while awake
+        with _caller_state_kept():
+            self.llm = vllm.LLM(
+                model=str(model_path),
+                dtype=dtype,
+                seed=int(seed),
+                gpu_memory_utilization=float(gpu_memory_utilization),
+                max_model_len=self.max_model_len,
+                enable_sleep_mode=bool(enable_sleep_mode),
+                enable_prefix_caching=bool(enable_prefix_caching),
+                logprobs_mode="processed_logprobs",
+                **llm_kwargs,
+            )
         self._vllm = vllm
+        self.rollout_dtype: torch.dtype = self.llm.model_config.dtype
 
-    def _params(self, sampling: SamplingConfig, seed: int | None, choices: list[str] | None) -> Any:
-        extra = _choice_params(choices) if choices is not None else {}
+    def _params(self, sampling: SamplingConfig, seed: int | None, max_tokens: int, choices: list[str] | None):
+        extra = {}
+        if choices is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            extra["structured_outputs"] = StructuredOutputsParams(choice=list(choices))
         return self._vllm.SamplingParams(
             n=1,
             temperature=float(sampling.temperature),
             top_p=1.0,
-            top_k=-1,
+            top_k=0,
             min_p=0.0,
             repetition_penalty=1.0,
             presence_penalty=0.0,
             frequency_penalty=0.0,
-            max_tokens=int(sampling.max_new_tokens),
-            stop_token_ids=[self.eos_token_id],
+            max_tokens=int(max_tokens),
+            stop_token_ids=list(self.stop_token_ids),
             logprobs=0,
             seed=seed,
             skip_special_tokens=True,
@@ -121,18 +223,40 @@ class VLLMGenerationBackend(GenerationBackend):
         *,
         sampling: SamplingConfig,
         admissible: list[list[str]] | None = None,
-        seed: int | None = None,
+        seed: Seed = None,
     ) -> list[GenerationOutput]:
+        """Sample one answer per prompt; request i is seeded with ``row_seeds(seed, n)[i]``."""
         if not prompts:
             return []
         self.check_admissible(prompts, sampling, admissible)
+        check_temperature(sampling.temperature, "sampling.temperature")
+        if self.sleep_level is not None:
+            raise RuntimeError(
+                "the vLLM engine is asleep: call wake_up() (or update_weights) before generate"
+            )
         from vllm.inputs import TokensPrompt
 
+        seeds = row_seeds(seed, len(prompts))
         prompt_ids = [list(p) for p in self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
+        for i, p in enumerate(prompt_ids):
+            if not p:
+                raise ValueError(f"prompts[{i}]: encodes to no tokens")
+            if self.max_model_len is not None and len(p) >= self.max_model_len:
+                raise ValueError(
+                    f"prompts[{i}]: {len(p)} tokens leave no room to generate within max_model_len="
+                    f"{self.max_model_len} (lower max_prompt_tokens or raise max_model_len)"
+                )
+        budgets = [int(sampling.max_new_tokens)] * len(prompts)
+        if sampling.constrained:
+            canonical = [action_token_ids(self.tokenizer, acts) for acts in admissible]
+            budget = self.token_budget(sampling, max(len(s) for seqs in canonical for s in seqs))
+            # Any spelling the grammar allows fits too: a token covers at least one byte, plus the end token.
+            budgets = [max(budget, max(len(a.encode("utf-8")) for a in acts) + 1) for acts in admissible]
         params = [
             self._params(
                 sampling,
-                None if seed is None else int(seed) + i,
+                None if seeds is None else seeds[i],
+                budgets[i],
                 admissible[i] if sampling.constrained else None,
             )
             for i in range(len(prompts))
@@ -142,16 +266,12 @@ class VLLMGenerationBackend(GenerationBackend):
         results = []
         for i, out in enumerate(outputs):
             comp = out.outputs[0]
-            ids = list(comp.token_ids)
-            logprobs = [float(step[tok].logprob) for tok, step in zip(ids, comp.logprobs or [], strict=False)]
-            if len(logprobs) != len(ids):
-                raise RuntimeError(
-                    f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens (prompt {i})"
-                )
+            ids = [int(t) for t in comp.token_ids]
+            steps = list(comp.logprobs or [])
+            if len(steps) != len(ids):
+                raise RuntimeError(f"vLLM returned {len(steps)} log-probs for {len(ids)} tokens (prompt {i})")
+            logprobs = [float(step[tok].logprob) for tok, step in zip(ids, steps, strict=True)]
             finished = comp.finish_reason == "stop"
-            if finished and (not ids or ids[-1] != self.eos_token_id):
-                ids.append(self.eos_token_id)  # stop tokens may be left out of token_ids
-                logprobs.append(float("nan"))
             text = comp.text
             if sampling.constrained:
                 ids, logprobs, text = self._canonical(admissible[i], ids, logprobs, comp.text)
@@ -168,20 +288,104 @@ class VLLMGenerationBackend(GenerationBackend):
             return ids, logprobs, text
         canonical = action_token_ids(self.tokenizer, [choice])[0]
         if canonical != ids:
+            self.noncanonical_answers += 1
+            logger.info(
+                "vLLM constrained output %r was sampled as a non-canonical tokenisation (%d so far); the "
+                "learner recomputes its log-probs",
+                choice,
+                self.noncanonical_answers,
+            )
             logprobs = [float("nan")] * len(canonical)
         return canonical, logprobs, choice
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        weights = [(name, t.detach().to("cpu")) for name, t in state_dict.items()]
-        self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+    # ---------------------------------------------------------------------------------------- weight sync
+    def _weights(self, named: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) pairs in the rollout dtype, converted one at a time (never a second full copy)."""
+        for name, value in named:
+            t = value.detach() if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))
+            yield name, t.to(device=self.device, dtype=self.rollout_dtype)
+
+    def update_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Load the learner's weights (Hugging Face names; tensors or numpy arrays) and reset the prefix cache."""
+        named = state_dict.items() if isinstance(state_dict, Mapping) else state_dict
+        level = self.sleep_level
+        with _caller_state_kept():
+            if level == 2:
+                self.llm.wake_up(tags=["weights"])  # level 2 dropped the weights: allocate, then overwrite
+            elif level is not None:
+                self.llm.wake_up()
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(named)})
+            if level == 2:
+                self.llm.wake_up(tags=["kv_cache"])
+        self.sleep_level = None
         self.reset_cache()
 
     def reset_cache(self) -> None:
+        """Drop the prefix cache: its KV blocks were computed with the old weights."""
         self.llm.reset_prefix_cache()
 
     def sleep(self, level: int = 1) -> None:
-        """Free GPU memory for the learner when both share one GPU (needs enable_sleep_mode=True)."""
-        self.llm.sleep(level=level)
+        """Free GPU memory for the learner when both share one GPU (needs ``enable_sleep_mode=True``).
+
+        Level 1 keeps the weights in host memory; level 2 drops them (the next ``update_weights`` reloads them).
+        """
+        if level not in (1, 2):
+            raise ValueError(f"level: 1 or 2, got {level!r}")
+        if self.sleep_level is None:
+            self.llm.sleep(level=level)
+            self.sleep_level = level
 
     def wake_up(self) -> None:
-        self.llm.wake_up()
+        """Re-allocate the engine's memory after ``sleep`` (level 2 needs ``update_weights`` instead)."""
+        if self.sleep_level == 2:
+            raise RuntimeError("the engine slept at level 2 (weights dropped): wake it with update_weights")
+        if self.sleep_level is not None:
+            self.llm.wake_up()
+            self.sleep_level = None
+
+
+def load_rollout_tokenizer(model_path: str | Path) -> PreTrainedTokenizerBase:
+    """The model's tokenizer as the rollout uses it: a pad token (eos when none), left padding."""
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _generation_eos(model_path: str | Path) -> list[int]:
+    """End tokens of the model's generation config (vLLM stops on all of them); [] when it has none."""
+    try:
+        eos = GenerationConfig.from_pretrained(str(model_path)).eos_token_id
+    except OSError:
+        return []
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(t) for t in eos]
+
+
+def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
+    """Bytes of KV cache one token takes in the engine: K and V of every layer."""
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+
+
+def engine_memory_gb(
+    *,
+    num_params: float,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    sequences: int,
+    max_model_len: int,
+    overhead_gb: float = 2.0,
+    dtype_bytes: int = 2,
+) -> dict[str, float]:
+    """GB an engine reserves: weights, KV cache for ``sequences`` full-length sequences, fixed overhead."""
+    weights = num_params * dtype_bytes / 1e9
+    kv = sequences * max_model_len * kv_cache_bytes_per_token(num_layers, num_kv_heads, head_dim) / 1e9
+    return {"weights": weights, "kv_cache": kv, "overhead": overhead_gb, "total": weights + kv + overhead_gb}
+
+
+def memory_share(total_gb: float, gpu_gb: float) -> float:
+    """The ``gpu_memory_utilization`` that reserves ``total_gb`` on a ``gpu_gb`` GPU, rounded up to 0.01."""
+    return math.ceil(total_gb / gpu_gb * 100) / 100

@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gagpo_rllib.advantages import ESTIMATORS, compute_advantages, grouping_diagnostics
+from gagpo_rllib.advantages import ESTIMATORS, compute_advantages, critic_gae, grouping_diagnostics
 
 G = 0.95
+# The estimators that need no critic values (PPO's own tests are at the end).
+GROUPED = tuple(e for e in ESTIMATORS if e != "ppo")
 
 
 def two_episode_group() -> dict:
@@ -116,7 +118,7 @@ def test_accepts_pyarrow_bytes_and_int_keys():
     np.testing.assert_allclose(compute_advantages(pa.table(base), norm="none"), expected)
 
 
-@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("estimator", GROUPED)
 @pytest.mark.parametrize(
     "cols",
     [
@@ -139,7 +141,7 @@ def test_edge_cases_are_finite(estimator, cols):
 
 def test_equal_returns_and_unique_states_give_zero():
     cols = {"group_id": [0, 0], "episode_id": [0, 1], "reward": [1.0, 1.0], "state_key": ["a", "b"]}
-    for estimator in ESTIMATORS:
+    for estimator in GROUPED:
         norm = "mean" if estimator == "gigpo" else "mean_std"
         np.testing.assert_allclose(
             compute_advantages(cols, estimator=estimator, norm=norm), [0.0, 0.0], atol=1e-9
@@ -148,7 +150,7 @@ def test_equal_returns_and_unique_states_give_zero():
 
 def test_empty_input_gives_empty_array():
     cols = {"group_id": [], "episode_id": [], "reward": [], "state_key": []}
-    for estimator in ESTIMATORS:
+    for estimator in GROUPED:
         norm = "mean" if estimator == "gigpo" else "mean_std"
         out = compute_advantages(cols, estimator=estimator, norm=norm)
         assert out.shape == (0,)
@@ -213,7 +215,7 @@ def test_invariant_to_the_order_of_groups(batch, data):
     order = data.draw(st.permutations(groups))
     rows = [i for g in order for i in range(len(batch["reward"])) if batch["group_id"][i] == g]
     permuted = {k: [v[i] for i in rows] for k, v in batch.items()}
-    for estimator in ESTIMATORS:
+    for estimator in GROUPED:
         norm = "mean_std"
         expected = compute_advantages(batch, estimator=estimator, norm=norm)[rows]
         np.testing.assert_allclose(
@@ -236,7 +238,7 @@ def test_normalised_advantages_have_zero_mean_per_group(batch):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"estimator": "ppo"}, "unknown estimator"),
+        ({"estimator": "a2c"}, "unknown estimator"),
         ({"norm": "zscore"}, "unknown norm"),
         ({"gamma": 1.5}, "gamma"),
         ({"gamma": -0.1}, "gamma"),
@@ -292,3 +294,79 @@ def test_matches_the_per_step_dict_implementation_on_a_realistic_batch():
     table = make_batch(20_000, seed=3)
     columns = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
     np.testing.assert_allclose(compute_advantages(table), dict_gagpo(**columns), atol=1e-9)
+
+
+# --- PPO: GAE with a learned critic ---------------------------------------------------------------------------
+
+
+def critic_episode() -> dict:
+    """One winning episode of three steps and one failing episode of two, with critic values per step."""
+    return {
+        "group_id": [0, 0, 0, 1, 1],
+        "episode_id": ["a", "a", "a", "b", "b"],
+        "reward": [0.0, 1.0, 10.0, 0.0, -0.1],
+        "state_key": ["s0", "s1", "s2", "s0", "s1"],
+        "value": [2.0, 4.0, 8.0, 1.0, 0.5],
+    }
+
+
+def test_critic_gae_lam_one_is_return_to_go_minus_value():
+    cols = critic_episode()
+    adv, targets = critic_gae(cols, gamma=G, lam=1.0)
+    returns = [0.0 + G * 1.0 + G * G * 10.0, 1.0 + G * 10.0, 10.0, 0.0 + G * -0.1, -0.1]
+    np.testing.assert_allclose(adv, np.subtract(returns, cols["value"]), atol=1e-12)
+    np.testing.assert_allclose(targets, returns, atol=1e-12)
+
+
+def test_critic_gae_lam_zero_is_the_td_residual_with_zero_after_the_last_step():
+    cols = critic_episode()
+    adv, targets = critic_gae(cols, gamma=G, lam=0.0)
+    v = cols["value"]
+    expected = [
+        0.0 + G * v[1] - v[0],
+        1.0 + G * v[2] - v[1],
+        10.0 - v[2],  # V after the last step = 0
+        0.0 + G * v[4] - v[3],
+        -0.1 - v[4],
+    ]
+    np.testing.assert_allclose(adv, expected, atol=1e-12)
+    np.testing.assert_allclose(targets, np.add(expected, v), atol=1e-12)
+
+
+def test_critic_gae_general_lambda_and_batch_whitening():
+    cols = critic_episode()
+    lam = 0.5
+    v, r = cols["value"], cols["reward"]
+    d = [r[0] + G * v[1] - v[0], r[1] + G * v[2] - v[1], r[2] - v[2], r[3] + G * v[4] - v[3], r[4] - v[4]]
+    a2 = d[2]
+    a1 = d[1] + G * lam * a2
+    a0 = d[0] + G * lam * a1
+    b1 = d[4]
+    b0 = d[3] + G * lam * b1
+    raw = np.array([a0, a1, a2, b0, b1])
+    np.testing.assert_allclose(critic_gae(cols, gamma=G, lam=lam)[0], raw, atol=1e-12)
+    # Whitening is over the whole batch (both groups together), not per group.
+    whitened = (raw - raw.mean()) / (raw.std(ddof=1) + 1e-6)
+    np.testing.assert_allclose(compute_advantages(cols, estimator="ppo", lam=lam), whitened, atol=1e-12)
+    np.testing.assert_allclose(
+        compute_advantages(cols, estimator="ppo", lam=lam, norm="none"), raw, atol=1e-12
+    )
+
+
+def test_ppo_needs_a_finite_value_column():
+    cols = critic_episode()
+    del cols["value"]
+    with pytest.raises(ValueError, match="'value'"):
+        compute_advantages(cols, estimator="ppo")
+    with pytest.raises(ValueError, match="'value' has 1 NaN"):
+        compute_advantages({**critic_episode(), "value": [0.0, np.nan, 0.0, 0.0, 0.0]}, estimator="ppo")
+
+
+def test_any_hashable_state_key_groups_like_its_string_form():
+    base = two_episode_group()
+    as_tuples = dict(base, state_key=[("room", k) for k in base["state_key"]])
+    np.testing.assert_allclose(
+        compute_advantages(as_tuples, norm="none"), compute_advantages(base, norm="none"), atol=1e-12
+    )
+    with pytest.raises(ValueError, match="non-hashable list at row 0"):
+        compute_advantages(dict(base, state_key=[["x"]] * 5))

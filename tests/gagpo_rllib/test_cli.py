@@ -66,6 +66,7 @@ def test_help_lists_every_command_and_train_option(capsys) -> None:
         "--num-env-runners",
         "--restore",
         "--resume",
+        "--max-failures",
     ):
         assert option in text
     with pytest.raises(SystemExit):
@@ -156,3 +157,76 @@ def test_train_file_checkpoints_and_restores(
 
     with pytest.raises(FileNotFoundError, match="checkpoint to restore not found"):
         main(["train", "file", str(train_file), "--restore", str(tmp_path / "nope")])
+
+
+FLAKY_TRAIN_FILE = """
+from pathlib import Path
+
+from envs.maze import MazeEnv
+from envs.maze.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
+from gagpo_rllib.algorithm import GAGPOConfig
+
+MARKER = Path({marker!r})
+
+
+class FlakyMaze(MazeEnv):
+    # Every step raises while the marker says "armed": the whole iteration fails, the trial errors.
+    def step(self, action):
+        if MARKER.exists() and MARKER.read_text() == "armed":
+            raise RuntimeError("injected env failure")
+        return super().step(action)
+
+
+def arm_after_iteration_1(algorithm, result, **kwargs):
+    if result["training_iteration"] == 1 and not MARKER.exists():
+        MARKER.write_text("armed")
+
+
+def disarm_on_restart(algorithm, **kwargs):
+    if MARKER.exists() and MARKER.read_text() == "armed":
+        MARKER.write_text("restarted")
+
+
+config = (
+    GAGPOConfig()
+    .environment(FlakyMaze, env_config={{"split": "train", "num_tasks": 4}})
+    .env_runners(num_env_runners=0)
+    .gagpo(model_path={model!r}, group_size=2, groups_per_iteration=2, constrained_decoding=True,
+           max_new_tokens=8, max_steps=6, prompt_template=PROMPT_TEMPLATE,
+           first_prompt_template=FIRST_PROMPT_TEMPLATE)
+    .training(lr=5e-4, minibatch_size=512)
+    .callbacks(on_train_result=arm_after_iteration_1, on_algorithm_init=disarm_on_restart)
+    .debugging(seed=0)
+)
+"""
+
+
+@pytest.mark.slow  # two fresh Algorithm/actor starts: over 40 s on 2 cores
+def test_max_failures_restarts_a_failed_trial_from_its_checkpoint(
+    ray_session, tmp_path: Path, tiny_policy_path: Path, capsys
+) -> None:
+    marker = tmp_path / "fault"
+    train_file = tmp_path / "flaky.py"
+    train_file.write_text(FLAKY_TRAIN_FILE.format(marker=str(marker), model=str(tiny_policy_path)))
+    storage = tmp_path / "results"
+    args = ["train", "file", str(train_file), "--stop", '{"training_iteration": 3}', "--checkpoint-freq", "1"]
+    args += ["--storage-path", str(storage), "--name", "flaky", "--max-failures", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert marker.read_text() == "restarted"  # iteration 2 failed once, a new Algorithm took over
+    assert "iter 3/3" in out and "trial failed" not in out
+    # Restarted from checkpoint_000000 (iteration 1), not from scratch: iteration 1 is reported once.
+    assert [int(r["training_iteration"]) for r in progress_rows(storage / "flaky")] == [1, 2, 3]
+
+
+def test_sft_help_and_argument_errors(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sft", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--env", "--file", "--epochs", "--heldout", "--seed", "--constrained", "--history-length"):
+        assert option in text
+    with pytest.raises(ValueError, match="exactly one of --env or --file"):
+        main(["sft", "model", "out"])
+    with pytest.raises(ValueError, match="--env"):
+        main(["sft", "model", "out", "--env", "chess"])

@@ -24,7 +24,7 @@ def _valid() -> GAGPOConfig:
         ("lam", 1.5),
         ("lam", -0.1),
         ("gamma", 1.01),
-        ("estimator", "ppo"),
+        ("estimator", "a2c"),
         ("norm", "max"),
         ("clip_eps", 0.0),
         ("kl_coeff", -1.0),
@@ -40,6 +40,13 @@ def _valid() -> GAGPOConfig:
         ("model_path", "  "),
         ("envs_per_runner", 0),
         ("skip_uniform_groups", "yes"),
+        ("state_key", "exact"),
+        ("state_key_history", -1),
+        ("similarity_threshold", 0.0),
+        ("vf_coeff", -1.0),
+        ("vf_clip", 0.0),
+        ("critic_lr", 0.0),
+        ("critic_share_trunk", "yes"),
     ],
 )
 def test_bad_values_name_the_field(field: str, value) -> None:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from gagpo_rllib.algorithm import task_plan
 from gagpo_rllib.env_runner import GAGPOEnvRunner
-from gagpo_rllib.learner import GAGPOTorchLearner
+from gagpo_rllib.learner import NONFINITE_SKIPPED, GAGPOTorchLearner
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
 
 
@@ -78,3 +80,80 @@ def test_weights_reach_the_runner(tiny_policy_path: Path) -> None:
     new = learner.module[DEFAULT_MODULE_ID].model.state_dict()
     for k, v in runner.module.model.state_dict().items():
         torch.testing.assert_close(v, new[k])
+
+
+class RowRecordingLearner(GAGPOTorchLearner):
+    """The GAGPO learner, keeping the rows each loss call saw."""
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        self.seen = [*getattr(self, "seen", []), _row_keys(batch)]
+        return super().compute_loss_for_module(
+            module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
+        )
+
+
+def _row_keys(batch) -> list[tuple]:
+    cols = ("prompt_ids", "action_ids", "old_logp", "advantages")
+    return [
+        tuple(tuple(torch.as_tensor(batch[c][i]).flatten().tolist()) for c in cols)
+        for i in range(len(batch["advantages"]))
+    ]
+
+
+def test_every_step_is_in_exactly_one_minibatch_per_epoch(tiny_policy_path: Path) -> None:
+    config = make_config(tiny_policy_path).training(learner_class=RowRecordingLearner)
+    config.validate()
+    runner = GAGPOEnvRunner(config=config)
+    learner = config.build_learner(env=CorridorEnv())
+    episodes = _episodes(runner, config)
+    batch = config.grouped_advantages()(rl_module=learner.module, batch={}, episodes=episodes)[
+        DEFAULT_MODULE_ID
+    ]
+    everything = Counter(_row_keys(batch))
+    n = len(batch["advantages"])
+    size = next(m for m in range(4, n) if n % m)  # RLlib's int(n / size) minibatches would drop n % size rows
+    results = learner.update(
+        episodes=episodes, minibatch_size=size, num_epochs=2, shuffle_batch_per_epoch=True
+    )
+    per_epoch = -(-n // size)
+    assert len(learner.seen) == 2 * per_epoch
+    for epoch in range(2):
+        seen = learner.seen[epoch * per_epoch : (epoch + 1) * per_epoch]
+        assert all(len(rows) <= size for rows in seen)
+        assert Counter(row for rows in seen for row in rows) == everything
+    assert results[DEFAULT_MODULE_ID]["num_module_steps_trained"] == 2 * n
+
+
+def _optimizer_state(learner) -> list[torch.Tensor]:
+    optim = next(iter(learner._named_optimizers.values()))
+    return [t.clone() for s in optim.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+
+
+def test_nonfinite_loss_skips_the_step_and_the_next_update_trains(tiny_policy_path: Path) -> None:
+    config, runner, learner = _setup(tiny_policy_path)
+    episodes = _episodes(runner, config)
+    learner.update(episodes=episodes, num_epochs=1)  # the optimizer has a state to keep
+    model = learner.module[DEFAULT_MODULE_ID].model
+    weights, state = {k: v.clone() for k, v in model.state_dict().items()}, _optimizer_state(learner)
+    batch = config.grouped_advantages()(rl_module=learner.module, batch={}, episodes=episodes)[
+        DEFAULT_MODULE_ID
+    ]
+    poisoned = {**batch, "advantages": torch.full_like(batch["advantages"], float("nan"))}
+    n = len(batch["advantages"])
+    results = learner.update(
+        batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(poisoned)}, n), num_epochs=1
+    )
+    assert results[DEFAULT_MODULE_ID][NONFINITE_SKIPPED] == 1
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    after = _optimizer_state(learner)
+    assert len(after) == len(state) and all(torch.equal(a, b) for a, b in zip(after, state, strict=True))
+    # The next update trains, and the weights handed out are finite.
+    results = learner.update(episodes=episodes, num_epochs=1)
+    assert results[DEFAULT_MODULE_ID][NONFINITE_SKIPPED] == 0
+    assert any(not torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    learner.get_state(components="rl_module")
+    # Weights that are not finite are never handed out (no checkpoint, no weight sync).
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(RuntimeError, match="not finite"):
+        learner.get_state(components="rl_module")

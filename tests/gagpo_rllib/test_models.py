@@ -9,7 +9,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gagpo_rllib.models import SPECIAL_TOKENS, build_tiny_policy, load_policy
+from gagpo_rllib.models import (
+    SPECIAL_TOKENS,
+    alfworld_tiny_policy,
+    build_tiny_policy,
+    inputs_digest,
+    load_policy,
+)
 
 CORPUS = ["go north. go south. go east. go west. take the key. open the door. you are in the kitchen."] * 50
 
@@ -103,3 +109,73 @@ def test_local_looking_names_never_reach_the_hub(tmp_path: Path, tiny_policy_pat
     (broken / "config.json").write_text((tiny_policy_path / "config.json").read_text())
     with pytest.raises(ValueError, match="no_weights"):
         load_policy(broken)
+
+
+def test_inputs_digest_follows_file_bytes_names_and_texts(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("go north")
+    b.write_text("go north")
+    key = inputs_digest(files=[a], texts=["t"])
+    assert inputs_digest(files=[a], texts=["t"]) == key
+    assert inputs_digest(files=[b], texts=["t"]) != key  # another file name
+    assert inputs_digest(files=[a], texts=["u"]) != key
+    a.write_text("go south")
+    assert inputs_digest(files=[a], texts=["t"]) != key
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        inputs_digest(files=[tmp_path / "missing.txt"])
+
+
+def test_cache_keyed_by_inputs_skips_the_corpus_and_rebuilds_when_they_change(tmp_path: Path) -> None:
+    source = tmp_path / "texts.txt"
+    source.write_text("go north. take the key. open the door.")
+    calls: list[str] = []
+
+    def corpus() -> list[str]:
+        calls.append(source.read_text())
+        return [source.read_text()] * 50
+
+    def build() -> Path:
+        key = inputs_digest(files=[source])
+        return build_tiny_policy(tmp_path / "p", corpus=corpus, corpus_key=key, vocab_size=300)
+
+    out = build()
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert build() == out and len(calls) == 1  # cache hit: the corpus is not even produced
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+    source.write_text("climb the xylophone. zigzag quietly.")
+    build()
+    assert len(calls) == 2
+    tok = AutoTokenizer.from_pretrained(out)
+    assert "Ġxylophone" in tok.get_vocab() and "Ġnorth" not in tok.get_vocab()
+
+
+@pytest.mark.slow
+def test_alfworld_tokenizer_reaches_its_vocabulary_and_fits_every_admissible_action(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gagpo_rllib.demonstrations import alfworld_demonstrations
+
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "alfworld_data"))
+    demo_set = alfworld_demonstrations({"split": "train"})
+    replays: list[int] = []
+
+    def demonstrations():
+        replays.append(1)
+        return demo_set
+
+    out = alfworld_tiny_policy(tmp_path / "alfworld", vocab_size=1024, demonstrations=demonstrations)
+    assert alfworld_tiny_policy(tmp_path / "alfworld", demonstrations=demonstrations) == out
+    assert len(replays) == 1
+    tok = AutoTokenizer.from_pretrained(out)
+    assert len(tok) == 1024
+    actions = sorted({a for d in demo_set.demonstrations for s in d.steps for a in s.admissible})
+    lengths = []
+    for action in actions:
+        ids = tok(action, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == action
+        lengths.append(len(ids))
+    # With the end token every action fits the CPU default's max_new_tokens=16, most words are single tokens.
+    assert max(lengths) + 1 <= 16
+    words = [len(a.split()) + sum(c.isdigit() for c in a) for a in actions]  # digits are split one by one
+    whole = sum(n <= w for n, w in zip(lengths, words, strict=True))
+    assert whole >= 0.99 * len(actions), whole

@@ -31,6 +31,8 @@ def offline_env(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
     monkeypatch.setenv("GAGPO_TINY_WEBSHOP_DIR", str(cache / "webshop"))
     monkeypatch.delenv("GAGPO_MODEL", raising=False)
     monkeypatch.delenv("GAGPO_GPUS", raising=False)
+    # The CPU default's warm start (30 epochs of fine-tuning) is covered by tests/gagpo_rllib/test_sft.py.
+    monkeypatch.setenv("GAGPO_ALFWORLD_WARM_START", "0")
 
 
 def sweep_module():

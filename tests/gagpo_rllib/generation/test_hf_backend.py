@@ -130,3 +130,66 @@ def test_free_generation_also_stops_on_the_model_end_tokens(tiny_policy_path: Pa
     stopped = HFGenerationBackend((model, tok)).generate(prompts, sampling=cfg, seed=4)[0]
     assert stopped.action_ids == plain.action_ids[:3] and stopped.finished
     assert stopped.logprobs == pytest.approx(plain.logprobs[:3], abs=1e-6)
+
+
+def test_a_row_depends_only_on_its_own_seed(backend: HFGenerationBackend) -> None:
+    prompts = _prompts(backend.tokenizer)
+    cfg = SamplingConfig(max_new_tokens=6)
+    both = backend.generate(prompts, sampling=cfg, seed=[21, 22, 23])
+    alone = backend.generate(prompts[1:2], sampling=cfg, seed=[22])
+    assert alone[0].action_ids == both[1].action_ids and alone[0].logprobs == both[1].logprobs
+    # an int seed is mixed with each row's index: the same prompt twice gives two draws
+    twice = backend.generate([prompts[0]] * 2, sampling=cfg, seed=5)
+    assert twice[0].action_ids != twice[1].action_ids
+    with pytest.raises(ValueError, match="seed"):
+        backend.generate(prompts, sampling=cfg, seed=[1, 2])
+    with pytest.raises(ValueError, match=r"seed\[0\]"):
+        backend.generate(prompts[:1], sampling=cfg, seed=[1.5])
+
+
+def test_no_tensor_grows_with_batch_times_length_times_vocab(backend: HFGenerationBackend) -> None:
+    """The loop keeps one [B, V] of logits at a time: no op output reaches B x T x V elements."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                # new memory only: views of the weights (e.g. the tied head's transpose) allocate nothing
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                    Largest.numel = max(Largest.numel, t.numel())
+            return out
+
+    tok = backend.tokenizer
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+        )
+    ]
+    bsz, steps, vocab = 4, 16, backend.model.config.vocab_size
+    with Largest():
+        outs = backend.generate(prompts * bsz, sampling=SamplingConfig(max_new_tokens=steps), seed=3)
+    assert sum(len(o.action_ids) for o in outs) > bsz * steps // 2  # most rows ran long
+    assert bsz * vocab <= Largest.numel < bsz * steps * vocab // 4
+
+
+def test_draws_follow_the_stored_probabilities(backend: HFGenerationBackend) -> None:
+    """The sampled frequencies match exp(log-prob): the stored log-probs are of the distribution sampled."""
+    tok = backend.tokenizer
+    acts = ["go north", "look", "take key"]
+    n = 400
+    outs = backend.generate(
+        _prompts(tok, 1) * n,
+        sampling=SamplingConfig(constrained=True, temperature=0.05),  # sharp enough to tell apart
+        admissible=[acts] * n,
+        seed=list(range(n)),
+    )
+    probs = {o.action_ids[0]: math.exp(o.logprobs[0]) for o in outs}
+    assert len(probs) == 3 and sum(probs.values()) == pytest.approx(1.0, abs=1e-5)
+    assert max(probs.values()) > 0.5  # far from uniform, so a wrong sampler would show
+    for first, p in probs.items():
+        freq = sum(o.action_ids[0] == first for o in outs) / n
+        assert abs(freq - p) < 4 * math.sqrt(p * (1 - p) / n) + 0.01, (first, freq, p)

@@ -1,0 +1,170 @@
+"""Does GAGPO improve on the ALFWorld CPU default's warm start? Success before and after, per seed.
+
+The CPU default of ``tuned_examples/gagpo_alfworld.py`` warm-starts the tiny policy on the walkthroughs of most
+bundled train games (cached; the same warm start for every seed), then trains GAGPO on the games the warm start
+did not see. For each GAGPO seed this script measures, at the evaluation temperature (0.4) and with the same
+constrained decoding:
+
+- success on the GAGPO training games, for the warm start and after the run (every game, ``--episodes`` each);
+- success on valid_unseen, for the warm start and after the run (all of it);
+- the training rollouts' success (temperature 1.0), mean of the first and of the last 5 iterations;
+
+then the mean over seeds and the rise on the training games, with every seed's numbers, as a table and
+``alfworld_cpu_learning.json``. The acceptance figure: the rise on the GAGPO training games (mean of 3 seeds).
+
+    python benchmarks/alfworld_cpu_learning.py --seeds 0 1 2 --iterations 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "tuned_examples" / "gagpo_alfworld.py"
+
+
+def load_example() -> dict:
+    """The tuned example's functions (its module-level warm start switched off; ``cpu_config`` does it)."""
+    previous = os.environ.get("GAGPO_ALFWORLD_WARM_START")
+    os.environ["GAGPO_ALFWORLD_WARM_START"] = "0"
+    try:
+        return runpy.run_path(str(EXAMPLE), run_name="alfworld_cpu_learning")
+    finally:
+        if previous is None:
+            os.environ.pop("GAGPO_ALFWORLD_WARM_START", None)
+        else:
+            os.environ["GAGPO_ALFWORLD_WARM_START"] = previous
+
+
+def success_table(
+    config,
+    split: str,
+    *,
+    seed: int,
+    episodes: int,
+    num_tasks: int | None = None,
+    checkpoint: str | None = None,
+) -> dict:
+    """Success per task type (percent) on ``split`` of the config's env, at temperature 0.4."""
+    from gagpo_rllib.evaluation import EvalSettings, evaluate
+
+    settings = EvalSettings(
+        split=split, temperature=0.4, num_tasks=num_tasks, episodes_per_task=episodes, seed=seed
+    )
+    report = evaluate(config, settings, checkpoint=checkpoint, progress=False)
+    return {k: (None if np.isnan(v) else round(v, 2)) for k, v in report.table.items()}
+
+
+def run_seed(example: dict, seed: int, args: argparse.Namespace, out: Path) -> dict:
+    """Warm start (cached), evaluations before, GAGPO for ``args.iterations``, evaluations after."""
+    settings = example["WARM_START_SETTINGS"]
+    if args.warm_start_epochs is not None:
+        settings = type(settings)(**{**settings.__dict__, "epochs": args.warm_start_epochs})
+    config = example["cpu_config"](seed=seed, warm=True, warm_settings=settings)
+    # This script evaluates before and after itself: no periodic validation inside the run.
+    config.evaluation(evaluation_interval=None)
+    config.callbacks_on_algorithm_init = None
+    started = time.monotonic()
+    before_train = success_table(config, "train", seed=seed, episodes=args.episodes)
+    valid = dict(split=example["VALID_SPLIT"], seed=seed, episodes=1, num_tasks=args.valid_tasks)
+    before_valid = success_table(config, **valid)
+    print(
+        f"seed {seed}: warm start  train games {before_train['All']:.1f}  valid_unseen {before_valid['All']:.1f}"
+    )
+    algo = config.build_algo()
+    curve = []
+    try:
+        for it in range(1, args.iterations + 1):
+            result = algo.train()
+            curve.append(float(result["gagpo"]["success_rate"]))
+            print(
+                f"seed {seed}: iter {it}/{args.iterations}  rollout success {curve[-1]:6.1%}  "
+                f"{time.monotonic() - started:7.1f} s",
+                flush=True,
+            )
+        checkpoint = str(algo.save_to_path(str(out / f"seed{seed}_checkpoint")))
+    finally:
+        algo.stop()
+    after_train = success_table(config, "train", seed=seed, episodes=args.episodes, checkpoint=checkpoint)
+    after_valid = success_table(config, **valid, checkpoint=checkpoint)
+    return {
+        "seed": seed,
+        "train_before": before_train,
+        "train_after": after_train,
+        "valid_before": before_valid,
+        "valid_after": after_valid,
+        "rollout_first5": 100 * float(np.mean(curve[:5])),
+        "rollout_last5": 100 * float(np.mean(curve[-5:])),
+        "rollout_curve": curve,
+        "seconds": time.monotonic() - started,
+        "checkpoint": checkpoint,
+    }
+
+
+def report(rows: list[dict]) -> str:
+    header = (
+        "| seed | train games: warm start | after | rise | rollouts: first 5 | last 5 "
+        "| valid_unseen: warm start | after | seconds |"
+    )
+    lines = [header, "|" + "---|" * 9]
+    for r in rows:
+        rise = r["train_after"]["All"] - r["train_before"]["All"]
+        lines.append(
+            f"| {r['seed']} | {r['train_before']['All']:.1f} | {r['train_after']['All']:.1f} | {rise:+.1f} | "
+            f"{r['rollout_first5']:.1f} | {r['rollout_last5']:.1f} | {r['valid_before']['All']:.1f} | "
+            f"{r['valid_after']['All']:.1f} | {r['seconds']:.0f} |"
+        )
+
+    def mean(key: str, sub: str | None = "All") -> float:
+        return float(np.mean([r[key][sub] if sub else r[key] for r in rows]))
+
+    rise = mean("train_after") - mean("train_before")
+    lines.append(
+        f"| mean | {mean('train_before'):.1f} | {mean('train_after'):.1f} | {rise:+.1f} | "
+        f"{mean('rollout_first5', None):.1f} | {mean('rollout_last5', None):.1f} | {mean('valid_before'):.1f} | "
+        f"{mean('valid_after'):.1f} | {mean('seconds', None):.0f} |"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="GAGPO seeds (default 0 1 2)")
+    parser.add_argument(
+        "--iterations", type=int, default=24, help="GAGPO iterations per seed (default 24, the CPU default's)"
+    )
+    parser.add_argument("--episodes", type=int, default=2, help="evaluation episodes per training game")
+    parser.add_argument(
+        "--warm-start-epochs", type=int, default=None, help="override the CPU default's warm-start epochs"
+    )
+    parser.add_argument("--valid-tasks", type=int, default=None, help="valid_unseen games (default all)")
+    parser.add_argument("--num-cpus", type=int, default=2, help="CPUs for the local Ray instance")
+    parser.add_argument("--out", default="results/alfworld_cpu_learning", help="output folder")
+    args = parser.parse_args(argv)
+
+    from gagpo_rllib.train import init_ray
+
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    example = load_example()
+    init_ray(num_cpus=args.num_cpus)
+    rows = [run_seed(example, seed, args, out) for seed in args.seeds]
+    table = report(rows)
+    print(table)
+    print("success in percent at temperature 0.4; rollouts at temperature 1.0 on the GAGPO training games")
+    path = out / "alfworld_cpu_learning.json"
+    path.write_text(json.dumps({"args": vars(args), "seeds": rows, "table": table}, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
