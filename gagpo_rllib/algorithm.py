@@ -36,6 +36,7 @@ from gagpo_rllib.connectors.module_to_env import INVALID, ActionParserConnector
 from gagpo_rllib.connectors.state_keys import StateKeyConnector
 from gagpo_rllib.critic import CriticRLModule
 from gagpo_rllib.critic_learner import GAGPOCriticTorchLearner
+from gagpo_rllib.engine_sleep import sleep_rollout_engines, validate_engine_sleep, wake_rollout_engines
 from gagpo_rllib.env_runner import GAGPOEnvRunner, PlannedEpisode, RolloutStats, derive_seed
 from gagpo_rllib.group_sampling import (
     GroupSample,
@@ -117,6 +118,7 @@ class GAGPOConfig(AlgorithmConfig):
         self.backend_kwargs: dict = {}
         self.dtype: str = "float32"
         self.envs_per_runner: int | None = None
+        self.sleep_engines_during_update: bool = False
         # Fault tolerance of grouped sampling (see gagpo_rllib.group_sampling and .fault_tolerance()).
         self.max_group_attempts: int = 3
         self.group_sampling_timeout_s: float | None = 3600.0
@@ -174,6 +176,7 @@ class GAGPOConfig(AlgorithmConfig):
         backend_kwargs: dict | None = NotProvided,
         dtype: str | None = NotProvided,
         envs_per_runner: int | None = NotProvided,
+        sleep_engines_during_update: bool | None = NotProvided,
     ) -> GAGPOConfig:
         """Set GAGPO's fields (only those given); ``validate()`` checks them when the algorithm is built.
 
@@ -209,6 +212,10 @@ class GAGPOConfig(AlgorithmConfig):
             backend: "hf" (CPU or GPU) or "vllm" (GPU); backend_kwargs go to its constructor.
             dtype: "float32", "bfloat16" or "float16".
             envs_per_runner: sub-envs per EnvRunner; None = enough for its share of N x K at once.
+            sleep_engines_during_update: put the vLLM engines to sleep (level 1: weights to host memory, KV
+                cache freed) during the learner update, so a learner fits beside them on one GPU; they wake
+                before the weight sync. Needs backend "vllm" and ``backend_kwargs["enable_sleep_mode"] = True``
+                (see ``gagpo_rllib.engine_sleep``).
         """
         for name, value in list(locals().items()):
             if name != "self" and value is not NotProvided:
@@ -330,6 +337,7 @@ class GAGPOConfig(AlgorithmConfig):
         )
         need(self.backend in BACKENDS, "backend", f"one of {BACKENDS}")
         need(isinstance(self.backend_kwargs, dict), "backend_kwargs", "a dict")
+        validate_engine_sleep(self)
         if self.backend == "vllm":
             from gagpo_rllib.generation.vllm import MAX_TEMPERATURE, MIN_TEMPERATURE
 
@@ -567,6 +575,7 @@ class GAGPO(Algorithm):
             trainable = len(uniform_groups(rows)) < len(set(rows.group_id.tolist()))
         t0 = time.perf_counter()
         if trainable:
+            sleep_rollout_engines(self)  # only with sleep_engines_during_update: frees the GPU for the update
             with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
                 learner_results = self.learner_group.update(
                     # Whole groups per learner, one shared number of optimizer steps (gagpo_rllib.sharding).
@@ -586,6 +595,7 @@ class GAGPO(Algorithm):
                 )
             self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
             report_skipped_updates(self.metrics, iteration)
+            wake_rollout_engines(self)  # those sleep_rollout_engines put to sleep
             with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
                 self.env_runner_group.sync_weights(
                     from_worker_or_learner_group=self.learner_group, inference_only=True

@@ -117,6 +117,11 @@ class LLMRLModule(TorchRLModule):
         return self._reference
 
     @property
+    def started_backend(self) -> GenerationBackend | None:
+        """The rollout backend if it was built, else None (reading ``backend`` would start an engine)."""
+        return self._backend
+
+    @property
     def backend(self) -> GenerationBackend:
         """The rollout backend, built on first use (HF shares this module's model, so weight sync is free)."""
         if self._backend is None:

@@ -49,11 +49,13 @@ these figures):
   reference when ``kl_coeff`` > 0, plus activations: everything fits in 80 GB.
 - Qwen2.5-7B (7.62e9 parameters; 28 layers, 4 KV heads, head dim 128 -> 56 KiB per token): engine weights
   15.2 GB + KV 64 x 2304 x 56 KiB = 8.5 GB + ~2 GB ~= 25.7 GB -> 0.33; evaluation engine (16 sequences: 2.1 GB)
-  ~= 19.4 GB -> 0.25. A bf16 learner with AdamW needs 8 bytes per parameter = 61 GB plus a 15.2 GB reference:
-  this does not fit beside the engines on 80 GB. Use ``enable_sleep_mode=True`` and put the engines to sleep
-  during the learner update (``sleep(level=1)`` moves the weights to host memory and frees the KV cache;
-  ``update_weights`` wakes the engine up first; ``GAGPO.training_step`` does not call it itself),
-  ``kl_coeff=0`` (no reference copy), or a 141 GB GPU.
+  ~= 19.4 GB -> 0.25. A bf16 learner with AdamW needs 8 bytes per parameter = 61 GB during the update plus a
+  15.2 GB reference; between updates weights and moments stay resident (6 bytes per parameter, 45.7 GB), so with
+  both engines that is ~106 GB (~91 GB with ``kl_coeff=0``): 7B needs a 141 GB GPU or the learner and the engines
+  on separate GPUs. Sleeping the engines during the update (``enable_sleep_mode=True``; ``sleep(level=1)`` moves
+  their weights to host memory and frees the KV cache; ``update_weights`` wakes an engine first;
+  ``GAGPOConfig.gagpo(sleep_engines_during_update=True)`` does it every iteration, see
+  ``gagpo_rllib.engine_sleep``) frees room for the update's gradients and activations only.
 """
 
 from __future__ import annotations

@@ -56,7 +56,6 @@ def snapshot(algo: GAGPO) -> dict[str, Any]:
     }
 
 
-@pytest.mark.slow  # two fresh Algorithm/actor starts: over 40 s on 2 cores
 def test_restored_run_matches_the_uninterrupted_one(
     ray_session, tiny_policy_path: Path, tmp_path: Path
 ) -> None:

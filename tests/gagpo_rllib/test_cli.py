@@ -201,7 +201,6 @@ config = (
 """
 
 
-@pytest.mark.slow  # two fresh Algorithm/actor starts: over 40 s on 2 cores
 def test_max_failures_restarts_a_failed_trial_from_its_checkpoint(
     ray_session, tmp_path: Path, tiny_policy_path: Path, capsys
 ) -> None:

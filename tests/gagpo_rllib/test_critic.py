@@ -135,7 +135,6 @@ def ppo_run(tiny_maze_config, tmp_path_factory: pytest.TempPathFactory):
     ray.shutdown()
 
 
-@pytest.mark.slow
 def test_two_maze_iterations_lower_the_critics_error_on_the_first_batch(ppo_run) -> None:
     stats = [r["learners"]["default_policy"] for r in ppo_run["results"]]
     for s in stats:
@@ -146,7 +145,6 @@ def test_two_maze_iterations_lower_the_critics_error_on_the_first_batch(ppo_run)
     assert ppo_run["after"] < 0.8 * ppo_run["before"]
 
 
-@pytest.mark.slow
 def test_checkpoint_restores_the_critic(ppo_run, tiny_maze_config) -> None:
     saved = pickle.loads((ppo_run["path"] / MODULE_PATH / "module_state.pkl").read_bytes())
     assert any(k.startswith("critic.") for k in saved)
@@ -167,7 +165,6 @@ def test_checkpoint_restores_the_critic(ppo_run, tiny_maze_config) -> None:
         algo.stop()
 
 
-@pytest.mark.slow
 def test_evaluate_and_export_ignore_the_critic(ppo_run, tmp_path: Path) -> None:
     path = ppo_run["path"]
     saved = pickle.loads((path / MODULE_PATH / "module_state.pkl").read_bytes())

@@ -60,7 +60,6 @@ def test_walkthroughs_of_each_task_type_become_winning_demonstrations() -> None:
     assert all(a in texts for d in demo_set.demonstrations for s in d.steps for a in s.admissible)
 
 
-@pytest.mark.slow
 def test_every_bundled_train_walkthrough_replays_to_a_win() -> None:
     from envs.alfworld import AlfworldEnv
 

@@ -212,7 +212,6 @@ def test_all_runners_killed_between_iterations_the_run_continues(algo: GAGPO) ->
     assert not set(pids(algo).values()) & set(before.values())
 
 
-@pytest.mark.slow  # kills both runners; the restarts take over 40 s on 2 cores
 def test_no_healthy_remote_runner_the_local_runner_plays_when_it_has_an_env(
     algo: GAGPO, recorded: list
 ) -> None:

@@ -149,7 +149,6 @@ def test_cache_keyed_by_inputs_skips_the_corpus_and_rebuilds_when_they_change(tm
     assert "Ġxylophone" in tok.get_vocab() and "Ġnorth" not in tok.get_vocab()
 
 
-@pytest.mark.slow
 def test_alfworld_tokenizer_reaches_its_vocabulary_and_fits_every_admissible_action(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

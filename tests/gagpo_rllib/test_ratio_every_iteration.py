@@ -27,8 +27,8 @@ def ray_cluster():
     [
         ("hf", 1.0, True),
         ("hf", 0.6, True),
-        pytest.param("hf", 0.6, False, marks=pytest.mark.slow),  # free answers: 8 tokens a step
-        pytest.param("vllm", 0.6, False, marks=pytest.mark.slow),  # 1.0 runs in test_vllm_backend_rllib.py
+        pytest.param("hf", 0.6, False),  # free answers: 8 tokens a step
+        pytest.param("vllm", 0.6, False),  # 1.0 runs in test_vllm_backend_rllib.py
     ],
 )
 def test_every_iteration_starts_at_ratio_one(

@@ -64,7 +64,6 @@ def test_validation_refuses_vllm_without_recomputed_old_logprobs(tiny_maze_confi
     assert isinstance(tiny_maze_config(backend="vllm"), GAGPOConfig)
 
 
-@pytest.mark.slow
 def test_a_bfloat16_learner_syncs_into_the_engine(ray_cluster, tiny_maze_config) -> None:
     """numpy has no bfloat16: the module ships such weights as tensors, the engine takes them in its dtype."""
     with fake_vllm_on_path():

@@ -24,6 +24,8 @@ It runs the tiny Hugging Face policy on CPU and reproduces vLLM 0.33's *observab
 - a prefix cache: a prompt seen before reuses the KV cache computed then, with the weights of then, until
   ``reset_prefix_cache()``; ``sleep(level)`` / ``wake_up(tags)`` (level 1 keeps the weights in host memory, level 2
   drops them; generating while asleep raises).
+- test hooks, not vLLM API: ``weights()`` (the engine's weights by Hugging Face name) and ``events`` (sleep,
+  wake_up, collective_rpc with the sleeping level at the call, generate, in call order).
 
 Limits: it checks our use of vLLM's API, not vLLM's kernels, scheduler, memory accounting, CUDA graphs or
 numerics (bf16 paged attention differs from this fp32 forward); it samples one request at a time; it implements
@@ -184,6 +186,9 @@ class LLM:
         self.prefix_cache_hits = 0
         self.prefix_cache_resets = 0
         self.sleeping_level: int | None = None
+        # Test hook (not vLLM API): ("sleep", level), ("wake_up", tags), ("rpc", method, sleeping level then),
+        # ("generate", requests) in call order.
+        self.events: list[tuple] = []
         self._host_weights: dict[str, torch.Tensor] | None = None
         self._unseeded = torch.Generator().manual_seed(int(seed))
         self._pieces: dict[str, list[int]] | None = None
@@ -205,6 +210,7 @@ class LLM:
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         kwargs = dict(kwargs or {})
+        self.events.append(("rpc", method if isinstance(method, str) else "<callable>", self.sleeping_level))
         if self.multiprocess:
             if isinstance(method, str):
                 sent_method: Any = method
@@ -230,6 +236,7 @@ class LLM:
             raise ValueError("Sleep mode is not enabled. Enable it with enable_sleep_mode=True.")
         if level not in (0, 1, 2):
             raise ValueError(f"level {level}")
+        self.events.append(("sleep", level))
         state = self.worker.model.state_dict()
         self._host_weights = {k: v.detach().clone() for k, v in state.items()} if level == 1 else None
         with torch.no_grad():
@@ -241,6 +248,7 @@ class LLM:
     def wake_up(self, tags: list[str] | None = None) -> bool:
         if tags is not None and any(t not in ("weights", "kv_cache", "scheduling") for t in tags):
             raise ValueError(f"tags {tags}")
+        self.events.append(("wake_up", None if tags is None else tuple(tags)))
         if self.sleeping_level is None:
             return True
         if (tags is None or "weights" in tags) and self._host_weights is not None:
@@ -263,6 +271,7 @@ class LLM:
         if isinstance(prompts, dict):
             prompts = [prompts]
         prompts = list(prompts)
+        self.events.append(("generate", len(prompts)))
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):

@@ -1,0 +1,167 @@
+"""``sleep_engines_during_update``: GAGPO through RLlib with the vLLM stand-in (tests/fakes/vllm), on CPU.
+
+The stand-in's event log and its sleeping state show what the engine went through; its level-1 sleep
+overwrites the engine's weights with NaN until it wakes, so an engine that generated while asleep shows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from gagpo_rllib.evaluation import EvalSettings, with_validation
+from tests.fakes.vllm_path import FAKES, fake_vllm_on_path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    # Remote EnvRunners import the stand-in too (the driver puts it on its sys.path per test).
+    path = os.pathsep.join([str(FAKES), str(REPO), os.environ.get("PYTHONPATH", "")])
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
+    yield
+    ray.shutdown()
+
+
+def _sleeping_config(tiny_maze_config, **gagpo):
+    return tiny_maze_config(
+        backend="vllm",
+        backend_kwargs={"device": "cpu", "enable_sleep_mode": True},
+        max_prompt_tokens=600,
+        sleep_engines_during_update=True,
+        **gagpo,
+    )
+
+
+def test_engines_sleep_through_the_update_and_wake_with_new_weights(ray_cluster, tiny_maze_config) -> None:
+    """The training engine and the validation engine (one local evaluation runner) share the update's GPU."""
+    with fake_vllm_on_path():
+        config = with_validation(
+            _sleeping_config(tiny_maze_config), split="eval", interval=1, settings=EvalSettings(num_tasks=1)
+        )
+        algo = config.build_algo()
+        try:
+            engine = algo.env_runner_group.local_env_runner.module.backend.llm
+            eval_engine = algo.eval_env_runner_group.local_env_runner.module.backend.llm
+            update = algo.learner_group.update
+            level_during_update = []
+
+            def recording_update(*args, **kwargs):
+                level_during_update.append((engine.sleeping_level, eval_engine.sleeping_level))
+                return update(*args, **kwargs)
+
+            algo.learner_group.update = recording_update
+            learner_model = algo.learner_group._learner.module["default_policy"].model
+            for it in range(2):
+                start, eval_start = len(engine.events), len(eval_engine.events)
+                result = algo.train()
+                events = engine.events[start:]
+                kinds = [e[0] for e in events]
+                assert level_during_update == [(1, 1)] * (it + 1), it  # asleep while the learner updated
+                assert "generate" in kinds, it  # the engine sampled this iteration (woken by the last sync)
+                slept = kinds.index("sleep")
+                assert all(k == "generate" for k in kinds[:slept]), events
+                assert events[slept:] == [("sleep", 1), ("wake_up", None), ("rpc", "reload_weights", None)]
+                assert engine.sleeping_level is None and eval_engine.sleeping_level is None
+                # Both woke before the weight sync; the evaluation engine took the weights before validating.
+                assert eval_engine.events[eval_start : eval_start + 3] == [
+                    ("sleep", 1),
+                    ("wake_up", None),
+                    ("rpc", "reload_weights", None),
+                ]
+                assert eval_engine.events[-1][0] == "generate"
+                assert result["evaluation"]["valid"]["num_episodes"] >= 1
+                assert result["gagpo"]["engines_slept"] == 2.0
+                assert result["gagpo"]["engines_woken"] == 2.0
+                assert result["gagpo"]["engine_sleep_failures"] == 0.0
+                assert result["gagpo"]["engine_wake_failures"] == 0.0
+                assert result["gagpo"]["num_episodes"] == 4.0
+                for name, weight in engine.weights():
+                    assert torch.equal(weight, learner_model.state_dict()[name].to(weight.dtype)), name
+            assert not any(math.isnan(float(w.abs().sum())) for _, w in engine.weights())
+        finally:
+            algo.stop()
+
+
+def test_a_skipped_update_leaves_the_engine_awake(ray_cluster, tiny_maze_config) -> None:
+    """One member per group: every group is uniform, ``skip_uniform_groups`` skips each update."""
+    with fake_vllm_on_path():
+        algo = _sleeping_config(
+            tiny_maze_config, group_size=1, groups_per_iteration=2, skip_uniform_groups=True
+        ).build_algo()
+        try:
+            engine = algo.env_runner_group.local_env_runner.module.backend.llm
+            for it in range(2):
+                start = len(engine.events)
+                result = algo.train()
+                events = engine.events[start:]
+                assert result["gagpo"]["update_skipped"] == 1.0
+                assert engine.sleeping_level is None
+                assert events and all(e[0] == "generate" for e in events), (it, events)  # no sleep, no sync
+        finally:
+            algo.stop()
+
+
+def test_validation_names_sleep_engines_during_update(tiny_maze_config) -> None:
+    with pytest.raises(ValueError, match="sleep_engines_during_update must be a bool"):
+        tiny_maze_config(sleep_engines_during_update=1).validate()
+    with pytest.raises(ValueError, match="sleep_engines_during_update=True needs backend 'vllm'"):
+        tiny_maze_config(sleep_engines_during_update=True).validate()
+    with pytest.raises(ValueError, match=r"needs backend_kwargs\['enable_sleep_mode'\]"):
+        tiny_maze_config(backend="vllm", sleep_engines_during_update=True).validate()
+    config = _sleeping_config(tiny_maze_config).evaluation(
+        evaluation_interval=1, evaluation_config={"backend_kwargs": {"device": "cpu"}}
+    )
+    with pytest.raises(ValueError, match=r"evaluation_config\['backend_kwargs'\]\['enable_sleep_mode'\]"):
+        config.validate()
+    _sleeping_config(tiny_maze_config).validate()
+    tiny_maze_config(backend="vllm", backend_kwargs={"enable_sleep_mode": True}).validate()  # option off
+
+
+def test_a_runner_killed_before_the_update_does_not_stop_training(ray_cluster, tiny_maze_config) -> None:
+    """Two remote EnvRunners, one killed after sampling: its lost sleep call is counted, training goes on."""
+    with fake_vllm_on_path():
+        config = (
+            _sleeping_config(tiny_maze_config)
+            .env_runners(num_env_runners=2)
+            .fault_tolerance(delay_between_env_runner_restarts_s=0.5, group_sampling_timeout_s=120.0)
+        )
+        algo = config.build_algo()
+        try:
+            group = algo.env_runner_group
+            sample = algo.sample_whole_groups
+            killed = []
+
+            def sample_then_kill(*args, **kwargs):
+                out = sample(*args, **kwargs)
+                if not killed:
+                    pid = group.foreach_env_runner(
+                        lambda r: os.getpid(), local_env_runner=False, remote_worker_ids=[1]
+                    )[0]
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                return out
+
+            algo.sample_whole_groups = sample_then_kill
+            first = algo.train()
+            assert first["gagpo"]["engine_sleep_failures"] >= 1.0 and first["gagpo"]["engines_slept"] == 1.0
+            second = algo.train()  # the healthy runner(s) sample whole groups with awake engines
+            assert second["gagpo"]["num_episodes"] == 4.0 and second["gagpo"]["engine_sleep_failures"] == 0.0
+            levels = group.foreach_env_runner(
+                lambda r: r.module.started_backend.sleep_level, local_env_runner=False
+            )
+            assert levels and all(level is None for level in levels)  # every healthy runner's engine is awake
+        finally:
+            algo.stop()
