@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from envs.maze.layout import ROOM_NAMES, SPLITS, Maze, generate_maze
+from envs.maze.layout import Maze, draw_task_mazes
 
 __all__ = [
     "KeyMazeParams",
@@ -222,11 +222,6 @@ def build_key_tasks(params: KeyMazeParams) -> tuple[tuple[Maze, ...], dict[str, 
     Train and eval share the mazes and never share a (start, key, goal) triple; each split's list interleaves
     the mazes, so its first n tasks spread evenly over them.
     """
-    rooms = params.width * params.height
-    if params.num_mazes * rooms > len(ROOM_NAMES):
-        raise ValueError(
-            f"num_mazes * width * height = {params.num_mazes * rooms} exceeds the {len(ROOM_NAMES)} room names"
-        )
     if params.max_shortest_path < params.min_shortest_path:
         raise ValueError(
             f"max_shortest_path ({params.max_shortest_path}) is below min_shortest_path "
@@ -237,34 +232,15 @@ def build_key_tasks(params: KeyMazeParams) -> tuple[tuple[Maze, ...], dict[str, 
             f"max_random_success ({params.max_random_success}) is below min_random_success "
             f"({params.min_random_success})"
         )
-    rng = np.random.default_rng(np.random.SeedSequence([params.seed, 0x6B6579]))
-    names = [ROOM_NAMES[i] for i in rng.permutation(len(ROOM_NAMES))]
-    mazes, pools = [], []
-    for m in range(params.num_mazes):
-        maze_names = tuple(names[m * rooms : (m + 1) * rooms])
-        for _attempt in range(200):
-            maze = generate_maze(rng, params.width, params.height, maze_names)
-            tasks = _tasks_of_maze(maze, m, params)
-            order = rng.permutation(len(tasks))
-            shuffled = [tasks[i] for i in order]
-            pairs = {"train": shuffled[0::2], "eval": shuffled[1::2]}
-            if min(len(pairs[s]) for s in SPLITS) >= params.min_tasks_per_maze:
-                break
-        else:
-            raise ValueError(
-                f"no {params.width}x{params.height} maze (width x height) in 200 draws offers "
-                f"min_tasks_per_maze={params.min_tasks_per_maze} (start, key, goal) triples per split with "
-                f"min_shortest_path={params.min_shortest_path} <= shortest solution <= "
-                f"max_shortest_path={params.max_shortest_path}, fork within max_fork_step="
-                f"{params.max_fork_step} and min_random_success={params.min_random_success} <= exact random "
-                f"success <= max_random_success={params.max_random_success}; enlarge the maze or relax those keys"
-            )
-        mazes.append(maze)
-        pools.append(pairs)
-    splits = {}
-    for split in SPLITS:
-        longest = max(len(pool[split]) for pool in pools)
-        splits[split] = tuple(
-            pool[split][k] for k in range(longest) for pool in pools if k < len(pool[split])
-        )
-    return tuple(mazes), splits
+    return draw_task_mazes(
+        params,
+        0x6B6579,
+        lambda maze, m: _tasks_of_maze(maze, m, params),
+        what="(start, key, goal) triples",
+        bounds=(
+            f"min_shortest_path={params.min_shortest_path} <= shortest solution <= "
+            f"max_shortest_path={params.max_shortest_path}, fork within max_fork_step="
+            f"{params.max_fork_step} and min_random_success={params.min_random_success} <= exact random "
+            f"success <= max_random_success={params.max_random_success}"
+        ),
+    )

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -150,10 +152,8 @@ def random_walk_success(maze: Maze, start: int, goal: int, max_steps: int) -> fl
     return float(p[start])
 
 
-def _split_pairs(
-    maze: Maze, maze_index: int, params: MazeParams, rng: np.random.Generator
-) -> dict[str, list[MazeTask]]:
-    """The qualifying (start, goal) pairs of one maze, shuffled and dealt alternately to train and eval."""
+def _maze_tasks(maze: Maze, maze_index: int, params: MazeParams) -> list[MazeTask]:
+    """The qualifying (start, goal) pairs of one maze, in a fixed order."""
     tasks = []
     for goal in range(maze.num_rooms):
         dist = shortest_distances(maze, goal)
@@ -165,40 +165,46 @@ def _split_pairs(
             p = random_walk_success(maze, start, goal, limit)
             if p <= params.max_random_success:
                 tasks.append(MazeTask(maze_index, start, goal, d, limit, p))
-    order = rng.permutation(len(tasks))
-    shuffled = [tasks[i] for i in order]
-    return {"train": shuffled[0::2], "eval": shuffled[1::2]}
+    return tasks
 
 
-@lru_cache(maxsize=64)
-def build_tasks(params: MazeParams) -> tuple[tuple[Maze, ...], dict[str, tuple[MazeTask, ...]]]:
-    """The mazes of a task set and the task instances of each split, in a fixed order.
+def draw_task_mazes(
+    params: Any,
+    seed_tag: int,
+    tasks_of_maze: Callable[[Maze, int], list],
+    *,
+    what: str,
+    bounds: str,
+) -> tuple[tuple[Maze, ...], dict[str, tuple]]:
+    """Mazes drawn until each offers ``params.min_tasks_per_maze`` tasks per split, and each split's task list.
 
-    Train and eval share the mazes and never share a (start, goal) pair. Each split's list interleaves the mazes
-    (maze 0, maze 1, ..., maze 0, ...), so its first n tasks spread evenly over them.
+    Shared by the task sets of this package. A maze's tasks (``tasks_of_maze(maze, index)``, in a fixed order) are
+    shuffled and dealt alternately to train and eval, so the splits never share a task; each split's list
+    interleaves the mazes (maze 0, maze 1, ..., maze 0, ...), so its first n tasks spread evenly over them.
+    ``what`` and ``bounds`` name the tasks and their bounds in the error raised when no maze qualifies.
     """
     rooms = params.width * params.height
     if params.num_mazes * rooms > len(ROOM_NAMES):
         raise ValueError(
             f"num_mazes * width * height = {params.num_mazes * rooms} exceeds the {len(ROOM_NAMES)} room names"
         )
-    rng = np.random.default_rng(np.random.SeedSequence([params.seed, 0x6D617A65]))
+    rng = np.random.default_rng(np.random.SeedSequence([params.seed, seed_tag]))
     names = [ROOM_NAMES[i] for i in rng.permutation(len(ROOM_NAMES))]
     mazes, pools = [], []
     for m in range(params.num_mazes):
         maze_names = tuple(names[m * rooms : (m + 1) * rooms])
         for _attempt in range(200):
             maze = generate_maze(rng, params.width, params.height, maze_names)
-            pairs = _split_pairs(maze, m, params, rng)
+            tasks = tasks_of_maze(maze, m)
+            shuffled = [tasks[i] for i in rng.permutation(len(tasks))]
+            pairs = {"train": shuffled[0::2], "eval": shuffled[1::2]}
             if min(len(pairs[s]) for s in SPLITS) >= params.min_tasks_per_maze:
                 break
         else:
             raise ValueError(
                 f"no {params.width}x{params.height} maze (width x height) in 200 draws offers "
-                f"min_tasks_per_maze={params.min_tasks_per_maze} (start, goal) pairs per split with "
-                f"min_shortest_path={params.min_shortest_path} <= shortest path <= "
-                f"max_shortest_path={params.max_shortest_path} and exact random success <= "
-                f"max_random_success={params.max_random_success}; enlarge the maze or relax those keys"
+                f"min_tasks_per_maze={params.min_tasks_per_maze} {what} per split with {bounds}; "
+                "enlarge the maze or relax those keys"
             )
         mazes.append(maze)
         pools.append(pairs)
@@ -209,3 +215,22 @@ def build_tasks(params: MazeParams) -> tuple[tuple[Maze, ...], dict[str, tuple[M
             pool[split][k] for k in range(longest) for pool in pools if k < len(pool[split])
         )
     return tuple(mazes), splits
+
+
+@lru_cache(maxsize=64)
+def build_tasks(params: MazeParams) -> tuple[tuple[Maze, ...], dict[str, tuple[MazeTask, ...]]]:
+    """The mazes of a task set and the task instances of each split, in a fixed order.
+
+    Train and eval share the mazes and never share a (start, goal) pair (``draw_task_mazes``).
+    """
+    return draw_task_mazes(
+        params,
+        0x6D617A65,
+        lambda maze, m: _maze_tasks(maze, m, params),
+        what="(start, goal) pairs",
+        bounds=(
+            f"min_shortest_path={params.min_shortest_path} <= shortest path <= "
+            f"max_shortest_path={params.max_shortest_path} and exact random success <= "
+            f"max_random_success={params.max_random_success}"
+        ),
+    )
