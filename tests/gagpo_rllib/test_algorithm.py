@@ -5,15 +5,13 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import pytest
 import ray
 import ray.cloudpickle
 
 import tests.gagpo_rllib.toy_env as toy_env
-from gagpo_rllib.advantages import compute_advantages
 from gagpo_rllib.algorithm import GAGPO, split_plan, task_plan
-from gagpo_rllib.connectors.module_to_env import INVALID
+from tests.gagpo_rllib.advantage_check import assert_connector_advantages_are_the_engines
 from tests.gagpo_rllib.toy_env import make_config
 
 K, N = 3, 2
@@ -64,19 +62,7 @@ def test_two_runners_play_exact_groups_with_matching_advantages(algo: GAGPO) -> 
         # Every step of every member played the planned task instance (the env says so in its info).
         assert {i["task_id"] for e in members for i in e.get_infos()} == {planned[gid]}
 
-    cfg = algo.config
-    cols = defaultdict(list)
-    for ep in episodes:
-        invalid = ep.get_extra_model_outputs(INVALID)
-        for t in range(len(ep)):
-            cols["group_id"].append(ep.custom_data["group_id"])
-            cols["episode_id"].append(ep.id_)
-            cols["reward"].append(ep.get_rewards(t) - cfg.invalid_penalty * invalid[t])
-            cols["state_key"].append(ep.get_infos(t)["state_key"])
-    expected = compute_advantages(cols, estimator=cfg.estimator, gamma=cfg.gamma, lam=cfg.lam, norm=cfg.norm)
-    learner = algo.learner_group._learner
-    batch = cfg.grouped_advantages()(rl_module=learner.module, batch={}, episodes=episodes)
-    np.testing.assert_allclose(batch["default_policy"]["advantages"].numpy(), expected, atol=1e-6)
+    assert_connector_advantages_are_the_engines(algo, episodes)
 
     # Same weights, same seeds: the same episodes again.
     again, _, _ = algo.sample_groups(plan, 0)

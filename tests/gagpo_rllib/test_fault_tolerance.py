@@ -14,17 +14,15 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import pytest
 import ray
 import ray.cloudpickle
 
 import tests.gagpo_rllib.faulty_env as faulty_env
 import tests.gagpo_rllib.toy_env as toy_env
-from gagpo_rllib.advantages import compute_advantages
 from gagpo_rllib.algorithm import GAGPO, task_plan
-from gagpo_rllib.connectors.module_to_env import INVALID
 from gagpo_rllib.group_sampling import GroupSample
+from tests.gagpo_rllib.advantage_check import assert_connector_advantages_are_the_engines
 from tests.gagpo_rllib.faulty_env import FaultyCorridorEnv, set_runner_faults
 from tests.gagpo_rllib.toy_env import make_config
 
@@ -115,19 +113,7 @@ def test_split_group_pools_both_runners_members_in_its_advantages(algo: GAGPO) -
     split_members = [ep for ep in sample.episodes if ep.custom_data["group_id"] == split[0]]
     assert sorted(ep.custom_data["member"] for ep in split_members) == list(range(K))
 
-    cfg = algo.config
-    cols = defaultdict(list)
-    for ep in sample.episodes:
-        invalid = ep.get_extra_model_outputs(INVALID)
-        for t in range(len(ep)):
-            cols["group_id"].append(ep.custom_data["group_id"])
-            cols["episode_id"].append(ep.id_)
-            cols["reward"].append(ep.get_rewards(t) - cfg.invalid_penalty * invalid[t])
-            cols["state_key"].append(ep.get_infos(t)["state_key"])
-    pooled = compute_advantages(cols, estimator=cfg.estimator, gamma=cfg.gamma, lam=cfg.lam, norm=cfg.norm)
-    learner = algo.learner_group._learner
-    batch = cfg.grouped_advantages()(rl_module=learner.module, batch={}, episodes=sample.episodes)
-    np.testing.assert_allclose(batch["default_policy"]["advantages"].numpy(), pooled, atol=1e-6)
+    assert_connector_advantages_are_the_engines(algo, sample.episodes)
 
 
 def test_env_failing_on_one_task_drops_that_group_after_its_attempts(algo: GAGPO) -> None:
