@@ -7,12 +7,14 @@ constrained decoding:
 
 - success on the GAGPO training games, for the warm start and after the run (every game, ``--episodes`` each);
 - success on valid_unseen, for the warm start and after the run (all of it);
-- the training rollouts' success (temperature 1.0), mean of the first and of the last 5 iterations;
+- the training rollouts' success (at the training temperature), mean of the first and of the last 5 iterations;
 
 then the mean over seeds and the rise on the training games, with every seed's numbers, as a table and
 ``alfworld_cpu_learning.json``. The acceptance figure: the rise on the GAGPO training games (mean of 3 seeds).
 
-    python benchmarks/alfworld_cpu_learning.py --seeds 0 1 2 --iterations 24
+    python benchmarks/alfworld_cpu_learning.py --seeds 0 1 2
+    python benchmarks/alfworld_cpu_learning.py --seeds 1 --out results/seed1      # seeds in parts, then:
+    python benchmarks/alfworld_cpu_learning.py --merge results/*/alfworld_cpu_learning.json
 """
 
 from __future__ import annotations
@@ -68,7 +70,14 @@ def run_seed(example: dict, seed: int, args: argparse.Namespace, out: Path) -> d
     settings = example["WARM_START_SETTINGS"]
     if args.warm_start_epochs is not None:
         settings = type(settings)(**{**settings.__dict__, "epochs": args.warm_start_epochs})
-    config = example["cpu_config"](seed=seed, warm=True, warm_settings=settings)
+    config = example["cpu_config"](
+        seed=seed,
+        warm=True,
+        warm_settings=settings,
+        train_games_per_type=args.train_games_per_type,
+        group_size=args.group_size,
+        temperature=args.temperature,
+    )
     # This script evaluates before and after itself: no periodic validation inside the run.
     config.evaluation(evaluation_interval=None)
     config.callbacks_on_algorithm_init = None
@@ -139,27 +148,67 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="GAGPO seeds (default 0 1 2)")
     parser.add_argument(
-        "--iterations", type=int, default=24, help="GAGPO iterations per seed (default 24, the CPU default's)"
+        "--iterations", type=int, default=None, help="GAGPO iterations per seed (default the CPU default's)"
     )
-    parser.add_argument("--episodes", type=int, default=2, help="evaluation episodes per training game")
+    parser.add_argument("--episodes", type=int, default=8, help="evaluation episodes per training game")
     parser.add_argument(
         "--warm-start-epochs", type=int, default=None, help="override the CPU default's warm-start epochs"
     )
+    parser.add_argument(
+        "--train-games-per-type",
+        type=int,
+        default=None,
+        help="GAGPO games per task type (default the CPU default's)",
+    )
+    parser.add_argument(
+        "--group-size", type=int, default=None, help="rollouts per game (default the CPU default's)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="training rollouts' temperature (default the CPU default's)",
+    )
     parser.add_argument("--valid-tasks", type=int, default=None, help="valid_unseen games (default all)")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="no training: print the table of the seeds in these alfworld_cpu_learning.json files",
+    )
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs for the local Ray instance")
     parser.add_argument("--out", default="results/alfworld_cpu_learning", help="output folder")
     args = parser.parse_args(argv)
+    if args.merge:
+        rows = [r for path in args.merge for r in json.loads(path.read_text())["seeds"]]
+        seeds = [r["seed"] for r in rows]
+        if len(set(seeds)) != len(seeds):
+            raise SystemExit(f"--merge: seed(s) repeated across the files: {sorted(seeds)}")
+        print(report(sorted(rows, key=lambda r: r["seed"])))
+        return 0
 
     from gagpo_rllib.train import init_ray
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     example = load_example()
+    if args.train_games_per_type is None:
+        args.train_games_per_type = example["GAGPO_TRAIN_GAMES_PER_TYPE"]
+    if args.group_size is None:
+        args.group_size = example["CPU_GROUP_SIZE"]
+    if args.iterations is None:
+        args.iterations = example["WARM_ITERATIONS"]
+    if args.temperature is None:
+        args.temperature = example["CPU_TEMPERATURE"]
     init_ray(num_cpus=args.num_cpus)
     rows = [run_seed(example, seed, args, out) for seed in args.seeds]
     table = report(rows)
     print(table)
-    print("success in percent at temperature 0.4; rollouts at temperature 1.0 on the GAGPO training games")
+    print(
+        "success in percent at temperature 0.4; rollouts at the training temperature "
+        f"({args.temperature}) on the GAGPO training games"
+    )
     path = out / "alfworld_cpu_learning.json"
     path.write_text(json.dumps({"args": vars(args), "seeds": rows, "table": table}, indent=1))
     print(f"wrote {path}")

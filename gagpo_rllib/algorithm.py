@@ -119,6 +119,9 @@ class GAGPOConfig(AlgorithmConfig):
         self.dtype: str = "float32"
         self.envs_per_runner: int | None = None
         self.sleep_engines_during_update: bool = False
+        # Learner forwards: tokens per length-sorted chunk, reference log-prob rows kept across updates.
+        self.train_chunk_tokens: int = 16384
+        self.reference_cache_rows: int = 100_000
         # Fault tolerance of grouped sampling (see gagpo_rllib.group_sampling and .fault_tolerance()).
         self.max_group_attempts: int = 3
         self.group_sampling_timeout_s: float | None = 3600.0
@@ -177,6 +180,8 @@ class GAGPOConfig(AlgorithmConfig):
         dtype: str | None = NotProvided,
         envs_per_runner: int | None = NotProvided,
         sleep_engines_during_update: bool | None = NotProvided,
+        train_chunk_tokens: int | None = NotProvided,
+        reference_cache_rows: int | None = NotProvided,
     ) -> GAGPOConfig:
         """Set GAGPO's fields (only those given); ``validate()`` checks them when the algorithm is built.
 
@@ -216,6 +221,10 @@ class GAGPOConfig(AlgorithmConfig):
                 cache freed) during the learner update, so a learner fits beside them on one GPU; they wake
                 before the weight sync. Needs backend "vllm" and ``backend_kwargs["enable_sleep_mode"] = True``
                 (see ``gagpo_rllib.engine_sleep``).
+            train_chunk_tokens: the learner's forwards run over length-sorted chunks of at most this many
+                (padded) tokens, once per distinct (prompt, action) row (see ``gagpo_rllib.unique_rows``).
+            reference_cache_rows: reference log-probs of this many distinct rows are kept across updates (the
+                reference is frozen; see ``gagpo_rllib.reference_cache``); 0 recomputes them every time.
         """
         for name, value in list(locals().items()):
             if name != "self" and value is not NotProvided:
@@ -316,6 +325,16 @@ class GAGPOConfig(AlgorithmConfig):
             "None or an int >= 1",
         )
         need(
+            is_int(self.train_chunk_tokens) and self.train_chunk_tokens >= 1,
+            "train_chunk_tokens",
+            "an int >= 1",
+        )
+        need(
+            is_int(self.reference_cache_rows) and self.reference_cache_rows >= 0,
+            "reference_cache_rows",
+            "an int >= 0",
+        )
+        need(
             self.max_steps is None or (is_int(self.max_steps) and self.max_steps >= 1),
             "max_steps",
             "None or an int >= 1",
@@ -390,6 +409,8 @@ class GAGPOConfig(AlgorithmConfig):
             "reference": self.kl_coeff > 0,
             "max_prompt_tokens": self.max_prompt_tokens,
             "num_env_runners": self.num_env_runners,
+            "train_chunk_tokens": self.train_chunk_tokens,
+            "reference_cache_rows": self.reference_cache_rows,
             **(
                 {"critic": {"share_trunk": self.critic_share_trunk, "seed": self.seed or 0}}
                 if self.estimator == "ppo"

@@ -43,7 +43,16 @@ logger = logging.getLogger(__name__)
 NONFINITE_SKIPPED = "nonfinite_updates_skipped"
 
 # Statistics averaged over the rows of a step (weighted by rows across learners), and those taken as extremes.
-_MEANS = ("policy_loss", "kl", "entropy", "ratio_mean", "clip_fraction", "action_tokens_mean")
+_MEANS = (
+    "policy_loss",
+    "kl",
+    "entropy",
+    "ratio_mean",
+    "clip_fraction",
+    "action_tokens_mean",
+    "unique_row_share",
+    "reference_cache_hit_share",
+)
 _EXTREMES = {"ratio_max": "max", "ratio_min": "min", "first_minibatch_ratio_max_dev": "max"}
 
 
@@ -215,6 +224,13 @@ class GAGPOTorchLearner(TorchLearner):
                 )
         self._minibatch_index = getattr(self, "_minibatch_index", 0) + 1
         values["action_tokens_mean"] = float(mask.sum(-1).float().mean()) if len(mask) else 0.0
+        # How much of the forward the learner saved: distinct rows per row, reference rows taken from the cache.
+        for name, key in (
+            ("unique_row_share", "unique_row_share"),
+            ("reference_cache_hit_share", "reference_cache_hits"),
+        ):
+            if key in fwd_out:
+                values[name] = float(fwd_out[key])
         rows = float((mask.sum(-1) > 0).sum()) if getattr(self, "_rows_in_step", 1) else 0.0
         self._loss_finite = bool(torch.isfinite(loss.detach()))
 
@@ -240,7 +256,9 @@ class GAGPOTorchLearner(TorchLearner):
         self, values: dict[str, float], rows: float, first: bool, device: torch.device
     ) -> tuple[dict[str, float], float]:
         """Row-weighted means and extremes of this step's statistics over all learners (two all-reduces)."""
-        weighted = [rows] + [values[k] * rows if rows else 0.0 for k in _MEANS]
+        # Keys present depend only on the config (the same on every learner), so the all-reduce lengths agree.
+        means = [k for k in _MEANS if k in values]
+        weighted = [rows] + [values[k] * rows if rows else 0.0 for k in means]
         sums = torch.tensor(weighted, dtype=torch.float64, device=device)
         extremes = [
             values["ratio_max"] if rows else -np.inf,
@@ -254,7 +272,7 @@ class GAGPOTorchLearner(TorchLearner):
         total = sums[0]
         if total <= 0:
             return {}, 0.0
-        out = {k: s / total for k, s in zip(_MEANS, sums[1:], strict=True)}
+        out = {k: s / total for k, s in zip(means, sums[1:], strict=True)}
         out["ratio_max"], out["ratio_min"] = highs[0], -highs[1]
         if first:
             out["first_minibatch_ratio_max_dev"] = highs[2]

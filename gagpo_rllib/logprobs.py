@@ -6,11 +6,14 @@ ratio is 1 (up to the tiny difference between an incremental KV-cache forward an
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-__all__ = ["action_logprobs", "scaled_logprobs"]
+__all__ = ["action_logprobs", "scaled_logprobs", "shared_prompt_logprobs"]
 
 
 def scaled_logprobs(
@@ -92,19 +95,7 @@ def action_logprobs(
         use_cache=False,
     )
     logits = out.logits[:, :-1, :]  # position plen-1+k predicts action token k
-    allowed = None
-    if allowed_masks is not None and any(m is not None for m in allowed_masks):
-        vocab = logits.shape[-1]
-        allowed = torch.zeros((bsz, alen, vocab), dtype=torch.bool, device=device)
-        for b, m in enumerate(allowed_masks):
-            if m is None:
-                allowed[b] = True
-                continue
-            if m.shape != (len(action_ids[b]), vocab):
-                raise ValueError(
-                    f"allowed_masks[{b}]: shape {tuple(m.shape)}, expected ({len(action_ids[b])}, {vocab})"
-                )
-            allowed[b, : m.shape[0]] = m.to(device)
+    allowed = _allowed_tensor(allowed_masks, action_ids, bsz, alen, logits.shape[-1], device)
     logp, entropy = scaled_logprobs(
         logits, targets, temperature=temperature, allowed=allowed, with_entropy=with_entropy
     )
@@ -112,3 +103,119 @@ def action_logprobs(
     if entropy is not None:
         entropy = entropy * mask
     return logp, mask, entropy
+
+
+def shared_prompt_logprobs(
+    model: PreTrainedModel,
+    prompt_ids: list[list[int]],
+    prompt_of_row: list[int],
+    action_ids: list[list[int]],
+    *,
+    pad_token_id: int,
+    temperature: float = 1.0,
+    allowed_masks: list[Tensor | None] | None = None,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``action_logprobs`` of rows whose prompts repeat: each distinct prompt is forwarded once.
+
+    Row r's prompt is ``prompt_ids[prompt_of_row[r]]``. The distinct prompts are forwarded with a KV cache, the
+    cache and the last prompt position's logits are copied to the rows, then every row's action tokens are
+    forwarded on its copy (as generation decodes them); gradients reach the prompt forward through the cache.
+    Values equal ``action_logprobs`` up to float rounding.
+    """
+    if len(prompt_of_row) != len(action_ids):
+        raise ValueError(
+            f"prompt_of_row ({len(prompt_of_row)}) and action_ids ({len(action_ids)}) differ in length"
+        )
+    if allowed_masks is not None and len(allowed_masks) != len(action_ids):
+        raise ValueError(
+            f"allowed_masks ({len(allowed_masks)}) and action_ids ({len(action_ids)}) differ in length"
+        )
+    for b, p in enumerate(prompt_ids):
+        if not p:
+            raise ValueError(f"prompt_ids[{b}]: empty prompt")
+    for b, a in enumerate(action_ids):
+        if not a:
+            raise ValueError(f"action_ids[{b}]: empty action")
+    device = next(model.parameters()).device
+    n_prompts, bsz = len(prompt_ids), len(action_ids)
+    plen = max(len(p) for p in prompt_ids)
+    alen = max(len(a) for a in action_ids)
+    input_ids = torch.full((n_prompts, plen), int(pad_token_id), dtype=torch.long)
+    attn = torch.zeros((n_prompts, plen), dtype=torch.long)
+    for b, p in enumerate(prompt_ids):
+        input_ids[b, plen - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        attn[b, plen - len(p) :] = 1
+    out = model(
+        input_ids=input_ids.to(device),
+        attention_mask=attn.to(device),
+        position_ids=(attn.cumsum(-1) - 1).clamp_min(0).to(device),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    rows = torch.as_tensor(prompt_of_row, dtype=torch.long)
+    logits = out.logits[:, -1, :].index_select(0, rows.to(device)).unsqueeze(1)  # predicts action token 0
+    targets = torch.full((bsz, alen), int(pad_token_id), dtype=torch.long)
+    action_mask = torch.zeros((bsz, alen), dtype=torch.long)
+    for b, a in enumerate(action_ids):
+        targets[b, : len(a)] = torch.as_tensor(a, dtype=torch.long)
+        action_mask[b, : len(a)] = 1
+    if alen > 1:
+        cache = out.get("cache", None)
+        cache = out.get("past_key_values", None) if cache is None else cache
+        cache.reorder_cache(
+            rows.to(device)
+        )  # index_select per layer: a repeated index copies the prompt's cache
+        row_attn = torch.cat([attn.index_select(0, rows), action_mask[:, : alen - 1]], dim=1)
+        start = attn.sum(-1).index_select(0, rows).unsqueeze(1)
+        rest = model(
+            input_ids=targets[:, : alen - 1].to(device),
+            attention_mask=row_attn.to(device),
+            position_ids=(start + torch.arange(alen - 1)).to(device),
+            use_cache=True,
+            **{_cache_keyword(model): cache},
+        )
+        logits = torch.cat([logits, rest.logits], dim=1)  # position k predicts action token k
+    allowed = _allowed_tensor(allowed_masks, action_ids, bsz, alen, logits.shape[-1], device)
+    mask = action_mask.to(device=device, dtype=torch.float32)
+    logp, entropy = scaled_logprobs(
+        logits, targets.to(device), temperature=temperature, allowed=allowed, with_entropy=with_entropy
+    )
+    logp = logp * mask
+    if entropy is not None:
+        entropy = entropy * mask
+    return logp, mask, entropy
+
+
+def _allowed_tensor(
+    allowed_masks: list[Tensor | None] | None,
+    action_ids: list[list[int]],
+    bsz: int,
+    alen: int,
+    vocab: int,
+    device: torch.device,
+) -> Tensor | None:
+    """The per-row allowed masks as one [B, alen, V] bool tensor (None when no row is constrained)."""
+    if allowed_masks is None or all(m is None for m in allowed_masks):
+        return None
+    allowed = torch.zeros((bsz, alen, vocab), dtype=torch.bool, device=device)
+    for b, m in enumerate(allowed_masks):
+        if m is None:
+            allowed[b] = True
+            continue
+        if m.shape != (len(action_ids[b]), vocab):
+            raise ValueError(
+                f"allowed_masks[{b}]: shape {tuple(m.shape)}, expected ({len(action_ids[b])}, {vocab})"
+            )
+        allowed[b, : m.shape[0]] = m.to(device)
+    return allowed
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """transformers renamed the KV-cache argument from past_key_values to cache (both are supported)."""
+    return _cache_keyword_of(type(model))
+
+
+@functools.cache
+def _cache_keyword_of(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"

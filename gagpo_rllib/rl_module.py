@@ -19,8 +19,10 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 
 from gagpo_rllib.generation.base import GenerationBackend, SamplingConfig
-from gagpo_rllib.logprobs import action_logprobs
+from gagpo_rllib.logprobs import action_logprobs, shared_prompt_logprobs
 from gagpo_rllib.models import load_policy
+from gagpo_rllib.reference_cache import ReferenceLogprobCache
+from gagpo_rllib.unique_rows import length_chunks, row_keys, unique_rows
 
 __all__ = ["LLMRLModule", "PROMPTS", "ADMISSIBLE", "GEN_SEED", "object_array"]
 
@@ -93,6 +95,14 @@ class LLMRLModule(TorchRLModule):
                 self.tokenizer = load_rollout_tokenizer(self.model_path)
         else:
             self.model, self.tokenizer = load_policy(self.model_path, dtype=self.dtype)
+        # Learner forwards: tokens per chunk, and how many rows of reference log-probs to keep across updates.
+        self.train_chunk_tokens = int(cfg.get("train_chunk_tokens", 16384))
+        if self.train_chunk_tokens < 1:
+            raise ValueError(
+                f"model_config['train_chunk_tokens'] must be >= 1, got {self.train_chunk_tokens}"
+            )
+        self.reference_cache = ReferenceLogprobCache(int(cfg.get("reference_cache_rows", 100_000)))
+        self._last_reference_hits = 0.0
         # Seconds spent in the backend so far (EnvRunners report the time split per iteration from it).
         self.generation_time_s = 0.0
         # Kept outside nn.Module registration: not a parameter, not in the state, not sent to EnvRunners.
@@ -167,21 +177,122 @@ class LLMRLModule(TorchRLModule):
             return self._generate(batch, self.eval_sampling)
 
     def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
-        """Current log-probs (with grad), reference log-probs (no grad) and entropy of the action tokens."""
-        prompts, actions, masks = unpad_token_batch(batch, self.vocab_size)
-        common = dict(
-            pad_token_id=self.pad_token_id, temperature=self.sampling.temperature, allowed_masks=masks
+        """Current log-probs (with grad), reference log-probs (no grad) and entropy of the action tokens.
+
+        The forwards run once per distinct row (``gagpo_rllib.unique_rows``), in length-sorted chunks of at most
+        ``train_chunk_tokens`` tokens, and the results are gathered back to the batch's rows; reference values of
+        rows seen in an earlier update come from ``reference_cache``.
+        """
+        keys = row_keys(
+            _numpy(batch["prompt_ids"]),
+            _numpy(batch["prompt_len"]).tolist(),
+            _numpy(batch["action_ids"]),
+            _numpy(batch["action_len"]).tolist(),
+            _numpy(batch["allowed_ids"]) if "allowed_ids" in batch else None,
         )
-        logp, mask, entropy = action_logprobs(self.model, prompts, actions, with_entropy=True, **common)
-        out = {"logp": logp, "mask": mask, "entropy": entropy}
+        uniq = unique_rows(keys)
+        prompts, actions, masks = unpad_token_batch(batch, self.vocab_size, rows=uniq.index)
+        width = max(len(a) for a in actions)
+        logp, mask, entropy = self._chunked_logprobs(self.model, prompts, actions, masks, width, True)
+        inverse = uniq.inverse.to(logp.device)
+        out = {
+            "logp": logp[inverse],
+            "mask": mask[inverse],
+            "entropy": entropy[inverse],
+            "unique_row_share": torch.tensor(uniq.share),
+        }
         if self._reference is not None:
-            device = logp.device
-            if next(self._reference.parameters()).device != device:
-                self._reference.to(device)
-            with torch.no_grad():
-                ref_logp, _, _ = action_logprobs(self._reference, prompts, actions, **common)
-            out["ref_logp"] = ref_logp
+            if next(self._reference.parameters()).device != logp.device:
+                self._reference.to(logp.device)
+            out["ref_logp"] = self._reference_logprobs(uniq.keys, prompts, actions, masks, width)[inverse]
+            out["reference_cache_hits"] = torch.tensor(float(self._last_reference_hits))
         return out
+
+    def _reference_logprobs(
+        self,
+        keys: list[bytes],
+        prompts: list[list[int]],
+        actions: list[list[int]],
+        masks: list[torch.Tensor | None] | None,
+        width: int,
+    ) -> torch.Tensor:
+        """Reference log-probs [U, width] of the distinct rows: cached rows gathered, the others computed."""
+        device = next(self._reference.parameters()).device
+        cache = self.reference_cache
+        missing = cache.missing(keys)
+        todo = set(missing)
+        hit = [j for j in range(len(keys)) if j not in todo]
+        self._last_reference_hits = len(hit) / max(1, len(keys))
+        ref = torch.zeros((len(keys), width), dtype=torch.float32, device=device)
+        if hit:
+            ref[hit] = cache.gather([keys[j] for j in hit], width, device)
+        if missing:
+            sub = [masks[j] for j in missing] if masks is not None else None
+            with torch.no_grad():
+                values, _, _ = self._chunked_logprobs(
+                    self._reference,
+                    [prompts[j] for j in missing],
+                    [actions[j] for j in missing],
+                    sub,
+                    width,
+                    False,
+                )
+            ref[missing] = values.float()
+            cache.put([keys[j] for j in missing], values, [len(actions[j]) for j in missing])
+        return ref
+
+    def _chunked_logprobs(
+        self,
+        model: torch.nn.Module,
+        prompts: list[list[int]],
+        actions: list[list[int]],
+        masks: list[torch.Tensor | None] | None,
+        width: int,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Log-probs of the rows over length-sorted chunks of their distinct prompts, back in row order and
+        right-padded to ``width``. A prompt shared by several rows (one state, different actions) is forwarded
+        once (``shared_prompt_logprobs``); a chunk whose rows all have their own prompt takes one plain forward.
+        """
+        first: dict[tuple[int, ...], int] = {}
+        prompt_of = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        distinct = [list(p) for p in first]
+        rows_of: list[list[int]] = [[] for _ in distinct]
+        for row, j in enumerate(prompt_of):
+            rows_of[j].append(row)
+        # Sharing needs the KV cache, which gradient checkpointing turns off.
+        share = not _checkpointing(model)
+        common = dict(
+            pad_token_id=self.pad_token_id, temperature=self.sampling.temperature, with_entropy=with_entropy
+        )
+        parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        order: list[int] = []
+        for chunk in length_chunks([len(p) for p in distinct], self.train_chunk_tokens):
+            rows = [row for j in chunk for row in rows_of[j]]
+            sub = [masks[r] for r in rows] if masks is not None else None
+            if share and len(rows) > len(chunk):
+                local = {j: k for k, j in enumerate(chunk)}
+                out = shared_prompt_logprobs(
+                    model,
+                    [distinct[j] for j in chunk],
+                    [local[prompt_of[r]] for r in rows],
+                    [actions[r] for r in rows],
+                    allowed_masks=sub,
+                    **common,
+                )
+            else:
+                out = action_logprobs(
+                    model, [prompts[r] for r in rows], [actions[r] for r in rows], allowed_masks=sub, **common
+                )
+            parts.append(tuple(_pad_right(t, width) if t is not None else None for t in out))
+            order += rows
+        back = torch.empty(len(order), dtype=torch.long)
+        back[torch.as_tensor(order, dtype=torch.long)] = torch.arange(len(order))
+        back = back.to(parts[0][0].device)
+        logp = torch.cat([p[0] for p in parts])[back]
+        mask = torch.cat([p[1] for p in parts])[back]
+        entropy = torch.cat([p[2] for p in parts])[back] if with_entropy else None
+        return logp, mask, entropy
 
     # ----------------------------------------------------------------------------------------------- state sync
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -219,30 +330,51 @@ def _in_ray_actor() -> bool:
 
 
 def unpad_token_batch(
-    batch: dict[str, Any], vocab_size: int
+    batch: dict[str, Any], vocab_size: int, rows: list[int] | None = None
 ) -> tuple[list[list[int]], list[list[int]], list[torch.Tensor | None] | None]:
     """Turn the learner batch's padded token tensors back into per-step lists (and allowed-token masks).
 
     Layout (written by the grouped-advantage connector): ``prompt_ids`` [B, P] left-padded with ``prompt_len``;
     ``action_ids`` [B, A] right-padded with ``action_len``; optional ``allowed_ids`` [B, A, K] holding, per action
-    position, the allowed token ids padded with -1.
+    position, the allowed token ids padded with -1. ``rows`` selects (and orders) the rows returned; None: all.
     """
     prompt_ids = torch.as_tensor(batch["prompt_ids"])
-    prompt_len = torch.as_tensor(batch["prompt_len"]).tolist()
+    prompt_len = torch.as_tensor(batch["prompt_len"])
     action_ids = torch.as_tensor(batch["action_ids"])
-    action_len = torch.as_tensor(batch["action_len"]).tolist()
+    action_len = torch.as_tensor(batch["action_len"])
+    allowed = torch.as_tensor(batch["allowed_ids"]) if "allowed_ids" in batch else None
+    if rows is not None:
+        pick = torch.as_tensor(rows, dtype=torch.long)
+        prompt_ids, prompt_len, action_ids, action_len = (
+            t[pick] for t in (prompt_ids, prompt_len, action_ids, action_len)
+        )
+        allowed = allowed[pick] if allowed is not None else None
+    prompt_len, action_len = prompt_len.tolist(), action_len.tolist()
     width = prompt_ids.shape[1]
     prompts = [prompt_ids[i, width - n :].tolist() for i, n in enumerate(prompt_len)]
     actions = [action_ids[i, :n].tolist() for i, n in enumerate(action_len)]
     masks = None
-    if "allowed_ids" in batch:
-        allowed = torch.as_tensor(batch["allowed_ids"])
-        masks = []
-        for i, n in enumerate(action_len):
-            ids = allowed[i, :n]
-            mask = torch.zeros(n, vocab_size, dtype=torch.bool)
-            valid = ids >= 0
-            rows = torch.arange(n).unsqueeze(1).expand_as(ids)[valid]
-            mask[rows, ids[valid]] = True
-            masks.append(mask)
+    if allowed is not None:
+        # one scatter for the whole batch: padding (-1) goes to an extra column that is dropped
+        ids = torch.where(allowed >= 0, allowed, vocab_size).long()
+        every = torch.zeros((*ids.shape[:2], vocab_size + 1), dtype=torch.bool)
+        every.scatter_(-1, ids, True)
+        masks = [every[i, :n, :vocab_size] for i, n in enumerate(action_len)]
     return prompts, actions, masks
+
+
+def _numpy(column: Any) -> np.ndarray:
+    return column.detach().cpu().numpy() if isinstance(column, torch.Tensor) else np.asarray(column)
+
+
+def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
+    """[n, m] -> [n, width] with zeros (masked positions) on the right."""
+    return t if t.shape[1] == width else torch.nn.functional.pad(t, (0, width - t.shape[1]))
+
+
+def _checkpointing(model: torch.nn.Module) -> bool:
+    """Whether the model recomputes activations in backward (Hugging Face's flag; its name changed in v5)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False

@@ -10,10 +10,11 @@ same on a checkpoint).
 Without a model it is the embedded CPU default: a tiny random-init policy whose tokenizer is trained on the texts of
 every bundled train game, warm-started by behaviour cloning on the walkthroughs of most of them (cached next to the
 policy; ``rllib sft`` does the same for any model), then GAGPO with constrained decoding over the admissible
-commands on the 18 train games the warm start did not see (3 per task type), 4 games x 4 rollouts, 30 steps,
-24 iterations; validation on all of valid_unseen before training and every 8 iterations, each one printing the
-success per task type next to the warm start's. ``GAGPO_ALFWORLD_WARM_START=0``: the bare tiny policy on all
-train games, 5 iterations and a validation on 6 valid_unseen games, as before the warm start existed.
+commands on 6 train games the warm start did not see (one per task type), every game in every iteration with
+4 rollouts at temperature 0.7, 30 steps, 30 iterations; validation on all of valid_unseen before training and
+every 8 iterations, each one printing the success per task type next to the warm start's.
+``GAGPO_ALFWORLD_WARM_START=0``: the bare tiny policy on all train games, 4 games x 4 rollouts at temperature 1.0,
+5 iterations and a validation on 6 valid_unseen games, as before the warm start existed.
 
     rllib train file tuned_examples/gagpo_alfworld.py --stop '{"training_iteration": 2}'
     GAGPO_MODEL=/models/Qwen2.5-1.5B-Instruct python tuned_examples/gagpo_alfworld.py --iterations 150
@@ -58,9 +59,14 @@ def env_class() -> type:
 
 
 # The CPU default's warm start: behaviour cloning of the walkthroughs of most bundled train games; GAGPO then
-# trains on the games kept out of it (GAGPO_GAMES_PER_TYPE of each task type), validation on valid_unseen.
+# trains on games kept out of it (GAGPO_TRAIN_GAMES_PER_TYPE of the GAGPO_GAMES_PER_TYPE held out of each task
+# type), every one of them in every iteration, validation on valid_unseen.
 WARM_START = os.environ.get("GAGPO_ALFWORLD_WARM_START", "1") != "0"
 GAGPO_GAMES_PER_TYPE = 3
+GAGPO_TRAIN_GAMES_PER_TYPE = 1
+CPU_GROUP_SIZE = 4
+# Sampling temperature of the CPU default's training rollouts (validation stays at 0.4).
+CPU_TEMPERATURE = 0.7
 VALID_INTERVAL = 8
 WARM_START_SETTINGS = SFTSettings(epochs=30, lr=2e-3, batch_size=16, heldout_fraction=0.1, history_length=2)
 
@@ -92,6 +98,15 @@ def split_games(per_type: int = GAGPO_GAMES_PER_TYPE, *, seed: int = 0) -> tuple
         gagpo += sorted(int(i) for i in rng.permutation(ids)[:per_type])
     held = set(gagpo)
     return [i for i in range(len(games)) if i not in held], sorted(gagpo)
+
+
+def gagpo_train_games(held_out: list[int], per_type: int = GAGPO_TRAIN_GAMES_PER_TYPE) -> list[int]:
+    """The first ``per_type`` held-out games of each task type (all of them when ``per_type`` is larger)."""
+    games = find_games(BUNDLED_DATA, "train").games
+    chosen: list[int] = []
+    for task_type in TASK_TYPES:
+        chosen += [i for i in sorted(held_out) if games[i].task_type == task_type][:per_type]
+    return sorted(chosen)
 
 
 def gagpo_data_dir(task_ids: list[int], out_dir: Path) -> Path:
@@ -241,16 +256,24 @@ def cpu_config(
     seed: int = 0,
     warm: bool = WARM_START,
     warm_settings: SFTSettings = WARM_START_SETTINGS,
+    train_games_per_type: int = GAGPO_TRAIN_GAMES_PER_TYPE,
+    group_size: int = CPU_GROUP_SIZE,
+    temperature: float = CPU_TEMPERATURE,
 ) -> GAGPOConfig:
     """The embedded default: a tiny policy on the bundled games, constrained decoding, CPU only.
 
     With ``warm`` (default; ``GAGPO_ALFWORLD_WARM_START=0`` turns it off) the policy is first fine-tuned on the
-    walkthroughs of most train games, and GAGPO trains on the other ``GAGPO_GAMES_PER_TYPE`` games of each type.
+    walkthroughs of most train games, and GAGPO trains ``group_size`` rollouts of each of
+    ``train_games_per_type`` games per task type that the warm start did not see, every game in every iteration.
+    Without it, 4 games x 4 rollouts of all train games.
     """
     policy = alfworld_policy(policy_dir)
     env_config: dict = {"split": "train"}
+    groups, rollouts = 4, 4
     if warm:
-        warm_ids, gagpo_ids = split_games()
+        warm_ids, held_out = split_games()
+        gagpo_ids = gagpo_train_games(held_out, train_games_per_type)
+        groups, rollouts = len(gagpo_ids), group_size
         folder = policy_dir.with_name(policy_dir.name + "_warm_start")
         policy = warm_start(policy, warm_ids, folder, settings=warm_settings)
         data_dir = gagpo_data_dir(gagpo_ids, policy_dir.with_name(policy_dir.name + "_gagpo_games"))
@@ -263,14 +286,15 @@ def cpu_config(
         .gagpo(
             model_path=str(policy),
             estimator="gagpo",
-            group_size=4,
-            groups_per_iteration=4,
+            group_size=rollouts,
+            groups_per_iteration=groups,
             max_steps=30,
             history_length=2,
             constrained_decoding=True,
             max_new_tokens=16,
             kl_coeff=0.01,
             entropy_coeff=0.01,
+            temperature=temperature if warm else 1.0,
         )
         .training(lr=5e-4, num_epochs=1, minibatch_size=512, grad_clip=1.0)
         .debugging(seed=seed)
@@ -304,7 +328,8 @@ def make_config(model_path: str | None = None, **kwargs) -> GAGPOConfig:
 
 MODEL = os.environ.get("GAGPO_MODEL")
 config = make_config(MODEL)
-CPU_ITERATIONS = 24 if WARM_START else 5
+WARM_ITERATIONS = 30
+CPU_ITERATIONS = WARM_ITERATIONS if WARM_START else 5
 stop = {"training_iteration": 150 if MODEL else CPU_ITERATIONS}
 
 

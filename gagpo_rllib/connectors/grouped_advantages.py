@@ -220,10 +220,16 @@ class GroupedAdvantages(ConnectorV2):
             raise ValueError("a step has no action tokens; the generation backend must return >= 1 token")
         masks = None
         if self.constrained:
-            masks = [
-                allowed_token_masks(module.tokenizer, rows.admissible[i], act, module.vocab_size)
-                for i, act in zip(idx, actions, strict=True)
-            ]
+            # The K rollouts of a group repeat steps: one mask per distinct (admissible actions, action).
+            built: dict[tuple, torch.Tensor] = {}
+            masks = []
+            for i, act in zip(idx, actions, strict=True):
+                key = (tuple(rows.admissible[i]), tuple(act))
+                if key not in built:
+                    built[key] = allowed_token_masks(
+                        module.tokenizer, rows.admissible[i], act, module.vocab_size
+                    )
+                masks.append(built[key])
         old_logp = [rows.old_logp[i] for i in idx]
         if self.recompute_old_logprobs:
             recomputed = self._learner_logprobs(module, prompts, actions, masks)
@@ -280,7 +286,11 @@ class GroupedAdvantages(ConnectorV2):
     @staticmethod
     def _allowed_ids(masks: list[torch.Tensor], width: int) -> torch.Tensor:
         """Per action position, the token ids allowed during constrained sampling, padded with -1."""
-        per_step = [[torch.nonzero(row).flatten() for row in mask] for mask in masks]
+        ids_of: dict[int, list[torch.Tensor]] = {}  # rows sharing a mask tensor share its ids
+        for mask in masks:
+            if id(mask) not in ids_of:
+                ids_of[id(mask)] = [torch.nonzero(row).flatten() for row in mask]
+        per_step = [ids_of[id(mask)] for mask in masks]
         depth = max((len(ids) for step in per_step for ids in step), default=1)
         out = torch.full((len(masks), max(width, 1), depth), -1, dtype=torch.long)
         for i, step in enumerate(per_step):

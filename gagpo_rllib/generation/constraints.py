@@ -6,6 +6,8 @@ ratio is not 1. Both sides therefore go through ``ActionTrie`` built from ``acti
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -22,11 +24,27 @@ def end_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     return int(eos)
 
 
+# Encoded action texts per tokenizer: every step of every rollout lists its admissible actions again, and an
+# environment has few distinct ones (encoding is deterministic, so a cached encoding is the encoding).
+_ENCODED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ENCODED_MAX = 200_000
+
+
 def action_token_ids(tokenizer: PreTrainedTokenizerBase, actions: list[str]) -> list[list[int]]:
     """Token ids of each action text (no special tokens added) followed by the end token."""
     eos = end_token_id(tokenizer)
-    encoded = tokenizer(list(actions), add_special_tokens=False)["input_ids"] if actions else []
-    return [list(ids) + [eos] for ids in encoded]
+    try:
+        known = _ENCODED.setdefault(tokenizer, OrderedDict())
+    except TypeError:  # a tokenizer that cannot be weakly referenced is encoded every time
+        known = OrderedDict()
+    new = list(dict.fromkeys(a for a in actions if a not in known))
+    if new:
+        for text, ids in zip(new, tokenizer(new, add_special_tokens=False)["input_ids"], strict=True):
+            known[text] = tuple(ids)
+    out = [[*known[a], eos] for a in actions]
+    while len(known) > _ENCODED_MAX:
+        known.popitem(last=False)
+    return out
 
 
 class ActionTrie:

@@ -9,6 +9,8 @@ The loop is written here rather than taken from ``model.generate`` for two reaso
 - exactness and seeds: the sampled distribution is ``scaled_logprobs`` (raw logits / T, over the trie's allowed
   set when constrained), the same function the learner calls, and each row draws from its own seeded generator,
   so a prompt's answer depends only on its own seed.
+- shared prefill: K rollouts of a task start from the same state, so a step's prompts often repeat; each distinct
+  prompt is prefilled once and its KV cache and last logits are copied to its rows, which then decode apart.
 """
 
 from __future__ import annotations
@@ -77,18 +79,26 @@ class HFGenerationBackend(GenerationBackend):
         )
         return [self.eos_token_id] + sorted({int(t) for t in model_eos} - {self.eos_token_id})
 
-    def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
-        ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    def _encode(self, prompts: list[str]) -> list[list[int]]:
+        distinct = list(dict.fromkeys(prompts))  # repeated prompts are tokenized once
+        encoded = dict(
+            zip(distinct, self.tokenizer(distinct, add_special_tokens=False)["input_ids"], strict=True)
+        )
+        ids = [encoded[p] for p in prompts]
         for i, p in enumerate(ids):
             if not p:
                 raise ValueError(f"prompts[{i}]: encodes to no tokens")
+        return [list(p) for p in ids]
+
+    def _pad(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-pad token ids to the longest; return input ids and attention mask."""
         width = max(len(p) for p in ids)
         input_ids = torch.full((len(ids), width), self.pad_token_id, dtype=torch.long)
         attn = torch.zeros((len(ids), width), dtype=torch.long)
         for i, p in enumerate(ids):
             input_ids[i, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
             attn[i, width - len(p) :] = 1
-        return input_ids.to(self.device), attn.to(self.device), [list(p) for p in ids]
+        return input_ids.to(self.device), attn.to(self.device)
 
     def generate(
         self,
@@ -102,14 +112,25 @@ class HFGenerationBackend(GenerationBackend):
             return []
         self.check_admissible(prompts, sampling, admissible)
         seeds = row_seeds(seed, len(prompts))
-        input_ids, attn, prompt_ids = self._encode(prompts)
+        prompt_ids = self._encode(prompts)
+        # prefill each distinct prompt once; rows[b] is row b's distinct prompt (None: all distinct, no copy).
+        # The padded width is the longest prompt's either way, so every row sees the mask it would undeduped.
+        first: dict[tuple[int, ...], int] = {}
+        index = [first.setdefault(tuple(p), len(first)) for p in prompt_ids]
+        input_ids, attn = self._pad([list(p) for p in first])
+        rows = None if len(first) == len(prompts) else torch.tensor(index, device=self.device)
         tries: list[ActionTrie] | None = None
         budget = int(sampling.max_new_tokens)
         if sampling.constrained:
-            tries = [ActionTrie(action_token_ids(self.tokenizer, acts)) for acts in admissible]
+            built: dict[tuple[str, ...], ActionTrie] = {}  # rows of one state list the same actions
+            tries = [
+                built.get(key)
+                or built.setdefault(key, ActionTrie(action_token_ids(self.tokenizer, list(key))))
+                for key in map(tuple, admissible)
+            ]
             budget = self.token_budget(sampling, max(t.depth for t in tries))
         with torch.no_grad():
-            tokens, logps, finished = self._decode(input_ids, attn, sampling, budget, tries, seeds)
+            tokens, logps, finished = self._decode(input_ids, attn, rows, sampling, budget, tries, seeds)
         results = []
         for b in range(len(prompts)):
             action = tokens[b]
@@ -128,13 +149,18 @@ class HFGenerationBackend(GenerationBackend):
         self,
         input_ids: torch.Tensor,
         attn: torch.Tensor,
+        rows: torch.Tensor | None,
         sampling: SamplingConfig,
         budget: int,
         tries: list[ActionTrie] | None,
         seeds: list[int] | None,
     ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
-        """Sample up to ``budget`` tokens per row with a KV cache; return tokens, log-probs, finished flags."""
-        bsz = input_ids.shape[0]
+        """Sample up to ``budget`` tokens per row with a KV cache; return tokens, log-probs, finished flags.
+
+        ``input_ids``/``attn`` are the distinct prompts; ``rows`` (None: one row each) maps each row to its prompt,
+        whose prefilled cache, logits, mask and positions the row starts from.
+        """
+        bsz = input_ids.shape[0] if rows is None else rows.numel()
         stops = set(self.stop_token_ids)
         generators = None
         if seeds is not None:
@@ -151,14 +177,24 @@ class HFGenerationBackend(GenerationBackend):
             use_cache=True,
             logits_to_keep=1,
         )
-        for _ in range(budget):
-            logits = out.logits[:, -1, :]
+        logits, cache = out.logits[:, -1, :], _kv_cache(out)
+        if rows is not None:
+            # reorder_cache index_selects every layer's keys/values, so a repeated index copies a prompt's cache
+            # to each of its rows (batch_select_indices would too, but only dynamic layers define it)
+            cache.reorder_cache(rows)
+            logits = logits.index_select(0, rows)
+            attn = attn.index_select(0, rows)
+            position_ids = position_ids.index_select(0, rows)
+        for step in range(budget):
             allowed = None
             if tries is not None:
+                live = [b for b in range(bsz) if not done[b]]
+                nexts = [tries[b].allowed(tokens[b]) for b in live]
                 allowed = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-                for b, trie in enumerate(tries):
-                    if not done[b]:
-                        allowed[b, trie.allowed(tokens[b])] = True
+                allowed[
+                    [b for b, ids in zip(live, nexts, strict=True) for _ in ids],
+                    [t for ids in nexts for t in ids],
+                ] = True
             nxt = self._sample(logits, sampling.temperature, allowed, generators, done)
             logp, _ = scaled_logprobs(logits, nxt, temperature=sampling.temperature, allowed=allowed)
             for b, (tok, lp) in enumerate(zip(nxt.tolist(), logp.tolist(), strict=True)):
@@ -172,6 +208,12 @@ class HFGenerationBackend(GenerationBackend):
                     done[b] = finished[b] = True
             if all(done):
                 break
+            if (
+                tries is not None
+                and step + 1 < budget
+                and _finish_forced(tries, tokens, logps, done, finished)
+            ):
+                break
             nxt = torch.where(torch.tensor(done, device=nxt.device), self.pad_token_id, nxt)
             attn = torch.cat([attn, torch.ones((bsz, 1), dtype=attn.dtype, device=attn.device)], dim=1)
             position_ids = position_ids[:, -1:] + 1
@@ -180,8 +222,9 @@ class HFGenerationBackend(GenerationBackend):
                 attention_mask=attn,
                 position_ids=position_ids,
                 use_cache=True,
-                **{self._cache_kw: _kv_cache(out)},
+                **{self._cache_kw: cache},
             )
+            logits, cache = out.logits[:, -1, :], _kv_cache(out)
         return tokens, logps, finished
 
     def _sample(
@@ -224,3 +267,28 @@ def _kv_cache(out: Any) -> Any:
     """The KV cache of a forward's output (``cache`` in newer transformers, ``past_key_values`` before)."""
     cache = out.get("cache", None)
     return out.get("past_key_values", None) if cache is None else cache
+
+
+def _finish_forced(
+    tries: list[ActionTrie],
+    tokens: list[list[int]],
+    logps: list[list[float]],
+    done: list[bool],
+    finished: list[bool],
+) -> bool:
+    """End every live row at once when each one's next token is forced and closes its action (e.g. the end token
+    after a complete command): a single allowed token has probability 1 under the constrained softmax (log-prob
+    exactly 0, as the learner computes it), so the forward that would score it is skipped. False (and nothing
+    changed) when some row still has a choice or continues after its forced token."""
+    live = [b for b in range(len(done)) if not done[b]]
+    forced = []
+    for b in live:
+        nxt = tries[b].allowed(tokens[b])
+        if len(nxt) != 1 or tries[b].allowed([*tokens[b], nxt[0]]):
+            return False
+        forced.append(nxt[0])
+    for b, tok in zip(live, forced, strict=True):
+        tokens[b].append(tok)
+        logps[b].append(0.0)
+        done[b] = finished[b] = True
+    return True

@@ -168,3 +168,38 @@ def test_scaled_logprobs_match_a_direct_computation() -> None:
     assert torch.allclose(
         plain, torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1), atol=1e-5
     )
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_shared_prompt_forward_equals_the_per_row_forward_with_its_gradient(
+    backend: HFGenerationBackend, constrained: bool
+) -> None:
+    from gagpo_rllib.logprobs import shared_prompt_logprobs
+
+    tok, model = backend.tokenizer, backend.model
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in _prompts(tok)[:3]]
+    # one state, several actions of different lengths: rows 0, 2 and 4 share prompt 0, rows 1 and 3 prompt 1
+    prompt_of = [0, 1, 0, 1, 0, 2]
+    adm = [ADMISSIBLE[j] for j in prompt_of]
+    actions = [action_token_ids(tok, a)[k] for a, k in zip(adm, [0, 0, 2, 1, 1, 1], strict=True)]
+    masks = None
+    if constrained:
+        masks = [
+            allowed_token_masks(tok, a, act, model.config.vocab_size)
+            for a, act in zip(adm, actions, strict=True)
+        ]
+    kw = dict(pad_token_id=tok.pad_token_id, temperature=0.7, allowed_masks=masks, with_entropy=True)
+    model.train()
+    try:
+        shared = shared_prompt_logprobs(model, prompts, prompt_of, actions, **kw)
+        plain = action_logprobs(model, [prompts[j] for j in prompt_of], actions, **kw)
+    finally:
+        model.eval()
+    for a, b in zip(shared, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    weights = torch.linspace(-1.0, 1.5, len(actions)).unsqueeze(1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    g_shared = torch.autograd.grad((shared[0] * weights).sum() + shared[2].sum(), params)
+    g_plain = torch.autograd.grad((plain[0] * weights).sum() + plain[2].sum(), params)
+    for a, b in zip(g_shared, g_plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

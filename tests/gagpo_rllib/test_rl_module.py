@@ -47,7 +47,7 @@ def _prompts(module: LLMRLModule) -> list[str]:
     ]
 
 
-def _train_batch(out: dict, module: LLMRLModule, constrained: bool) -> dict:
+def _train_batch(out: dict, module: LLMRLModule, constrained: bool, admissible: list | None = None) -> dict:
     """The learner batch layout for the exploration outputs (left-padded prompts, right-padded actions)."""
     from gagpo_rllib.connectors.grouped_advantages import _pad
     from gagpo_rllib.generation.constraints import allowed_token_masks
@@ -63,7 +63,7 @@ def _train_batch(out: dict, module: LLMRLModule, constrained: bool) -> dict:
     if constrained:
         depth = module.vocab_size
         allowed = torch.full((len(actions), aw, depth), -1, dtype=torch.long)
-        for i, (adm, act) in enumerate(zip(ADM, actions, strict=True)):
+        for i, (adm, act) in enumerate(zip(admissible or ADM, actions, strict=True)):
             mask = allowed_token_masks(module.tokenizer, adm, act, module.vocab_size)
             for k in range(len(act)):
                 ids = torch.nonzero(mask[k]).flatten()
@@ -143,3 +143,108 @@ def test_unpad_token_batch_round_trip() -> None:
 def test_missing_model_path_is_an_error() -> None:
     with pytest.raises(ValueError, match="model_path"):
         LLMRLModule(observation_space=TextSpace(), action_space=TextSpace(), model_config={})
+
+
+def _repeat_rows(batch: dict, rows: list[int]) -> dict:
+    return {k: v[torch.as_tensor(rows)] for k, v in batch.items()}
+
+
+def _rows_forwarded(model: torch.nn.Module) -> tuple[list[int], object]:
+    seen: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    return seen, hook
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_repeated_rows_are_forwarded_once_with_the_whole_batch_values_and_gradient(
+    tiny_policy_path: Path, constrained: bool
+) -> None:
+    from gagpo_rllib.logprobs import action_logprobs
+
+    runner_side = _module(tiny_policy_path, inference_only=True, constrained=constrained)
+    learner_side = _module(tiny_policy_path, inference_only=False, constrained=constrained)
+    out = runner_side.forward_exploration({PROMPTS: _prompts(runner_side), ADMISSIBLE: ADM, GEN_SEED: 3})
+    rows = [0, 1, 0, 2, 1, 0, 0]
+    batch = _repeat_rows(_train_batch(out, learner_side, constrained), rows)
+    seen, hook = _rows_forwarded(learner_side.model)
+    fwd = learner_side.forward_train(batch)
+    hook.remove()
+    assert sum(seen) == 3  # the three distinct rows, not the seven
+    assert float(fwd["unique_row_share"]) == pytest.approx(3 / 7)
+
+    # the whole batch, row by row, as the learner computed it before repeats were shared
+    prompts, actions, masks = unpad_token_batch(batch, learner_side.vocab_size)
+    kw = dict(pad_token_id=learner_side.pad_token_id, temperature=1.0, allowed_masks=masks)
+    model = learner_side.model
+    logp, mask, entropy = action_logprobs(model, prompts, actions, with_entropy=True, **kw)
+    with torch.no_grad():
+        ref, _, _ = action_logprobs(learner_side.reference_model, prompts, actions, **kw)
+    torch.testing.assert_close(fwd["logp"], logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fwd["entropy"], entropy, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fwd["ref_logp"], ref, atol=1e-5, rtol=0)
+    assert torch.equal(fwd["mask"], mask)
+
+    # per-row weights stand in for the advantages: the gradient of the shared forward is the whole batch's
+    weights = torch.linspace(-1.0, 2.0, len(rows)).unsqueeze(1)
+    shared = torch.autograd.grad(
+        (fwd["logp"] * weights).sum() + fwd["entropy"].sum(), list(model.parameters())
+    )
+    whole = torch.autograd.grad((logp * weights).sum() + entropy.sum(), list(model.parameters()))
+    for a, b in zip(shared, whole, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_reference_log_probs_of_rows_seen_before_come_from_the_cache(tiny_policy_path: Path) -> None:
+    runner_side = _module(tiny_policy_path, inference_only=True)
+    learner_side = _module(tiny_policy_path, inference_only=False)
+    out = runner_side.forward_exploration({PROMPTS: _prompts(runner_side), GEN_SEED: 4})
+    batch = _train_batch(out, learner_side, constrained=False)
+    first = learner_side.forward_train(_repeat_rows(batch, [0, 1]))
+    assert float(first["reference_cache_hits"]) == 0.0
+    # the policy moves; the reference does not, so its values for rows 0 and 1 are reused
+    with torch.no_grad():
+        for p in learner_side.model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    seen, hook = _rows_forwarded(learner_side.reference_model)
+    second = learner_side.forward_train(_repeat_rows(batch, [1, 2, 0, 1]))
+    hook.remove()
+    assert seen == [1]  # only row 2 is new
+    assert float(second["reference_cache_hits"]) == pytest.approx(2 / 3)
+    torch.testing.assert_close(second["ref_logp"][0], first["ref_logp"][1], atol=1e-6, rtol=0)
+    torch.testing.assert_close(second["ref_logp"][2], first["ref_logp"][0], atol=1e-6, rtol=0)
+    assert not torch.allclose(second["logp"][2], first["logp"][0])  # the policy's own values are fresh
+    uncached = _module(tiny_policy_path, inference_only=False)
+    uncached.reference_cache.max_rows = 0
+    with torch.no_grad():
+        fresh = uncached.forward_train(_repeat_rows(batch, [1, 2, 0, 1]))["ref_logp"]
+    torch.testing.assert_close(second["ref_logp"], fresh, atol=1e-5, rtol=0)
+
+
+def test_a_prompt_shared_by_several_actions_is_forwarded_once(tiny_policy_path: Path) -> None:
+    from gagpo_rllib.logprobs import action_logprobs
+
+    learner_side = _module(tiny_policy_path, inference_only=False, constrained=True)
+    tok = learner_side.tokenizer
+    prompt = tok(_prompts(learner_side)[1], add_special_tokens=False)["input_ids"]
+    other = tok(_prompts(learner_side)[0], add_special_tokens=False)["input_ids"]
+    acts = action_token_ids(tok, ADM[1])  # three actions from one state
+    out = {PROMPT_IDS: [prompt, prompt, prompt, other], ACTION_IDS: [acts[0], acts[1], acts[2], acts[1]]}
+    batch = _train_batch(out, learner_side, constrained=True, admissible=[ADM[1]] * 4)
+    seen, hook = _rows_forwarded(learner_side.model)
+    fwd = learner_side.forward_train(batch)
+    hook.remove()
+    assert seen[0] == 2  # the two distinct prompts, then the four rows' actions on copies of their caches
+    assert seen[1:] == [4]
+    prompts, actions, masks = unpad_token_batch(batch, learner_side.vocab_size)
+    logp, _, entropy = action_logprobs(
+        learner_side.model,
+        prompts,
+        actions,
+        pad_token_id=learner_side.pad_token_id,
+        allowed_masks=masks,
+        with_entropy=True,
+    )
+    torch.testing.assert_close(fwd["logp"], logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fwd["entropy"], entropy, atol=1e-5, rtol=0)

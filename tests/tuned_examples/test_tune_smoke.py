@@ -127,3 +127,21 @@ def test_smoke_sweep_reports_the_best_trial(offline_env, tmp_path: Path, capsys)
     for row in rows:
         checkpoint = sorted(Path(row["path"]).glob("checkpoint_*"))[-1]
         assert config_from_checkpoint(checkpoint).lam == float(row["lam"])
+
+
+def test_alfworld_cpu_default_trains_on_games_the_warm_start_did_not_see(offline_env) -> None:
+    """One held-out game of each task type, drawn from a fixed seed; none of them in the warm start's set."""
+    import runpy
+
+    from envs.alfworld import TASK_TYPES
+    from envs.alfworld.games import BUNDLED_DATA, find_games
+
+    example = runpy.run_path(str(EXAMPLES / "gagpo_alfworld.py"), run_name="split_check")
+    warm, held_out = example["split_games"]()
+    games = find_games(BUNDLED_DATA, "train").games
+    assert not set(warm) & set(held_out) and sorted(warm + held_out) == list(range(len(games)))
+    chosen = example["gagpo_train_games"](held_out, 1)
+    assert set(chosen) <= set(held_out)
+    assert sorted(games[i].task_type for i in chosen) == sorted(TASK_TYPES)
+    assert example["gagpo_train_games"](held_out, 1) == chosen  # the same games every time
+    assert len(example["gagpo_train_games"](held_out, 3)) == len(held_out) == 3 * len(TASK_TYPES)

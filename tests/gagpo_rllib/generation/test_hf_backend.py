@@ -193,3 +193,110 @@ def test_draws_follow_the_stored_probabilities(backend: HFGenerationBackend) -> 
     for first, p in probs.items():
         freq = sum(o.action_ids[0] == first for o in outs) / n
         assert abs(freq - p) < 4 * math.sqrt(p * (1 - p) / n) + 0.01, (first, freq, p)
+
+
+# three distinct prompts four times each and one singleton, interleaved; the prompts differ in length
+REPEATED_ORDER = [0, 1, 0, 2, 3, 1, 2, 0, 1, 2, 0, 1, 2]
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_repeated_prompts_give_each_row_what_it_gets_alone(
+    backend: HFGenerationBackend, constrained: bool
+) -> None:
+    """Sharing the prefill changes no row: each matches a batch of one with the same seed."""
+    distinct = _prompts(backend.tokenizer, 4)
+    prompts = [distinct[i] for i in REPEATED_ORDER]
+    seeds = [100 + b for b in range(len(prompts))]
+    actions = ADMISSIBLE + [["go north", "look"]]
+    admissible = (
+        [actions[(i + b) % len(actions)] for b, i in enumerate(REPEATED_ORDER)] if constrained else None
+    )
+    cfg = SamplingConfig(constrained=constrained, max_new_tokens=6)
+    batch = backend.generate(prompts, sampling=cfg, admissible=admissible, seed=seeds)
+    assert len({tuple(o.action_ids) for o in batch}) > 3  # the copies of a prompt drew apart
+    for b, o in enumerate(batch):
+        alone = backend.generate(
+            prompts[b : b + 1],
+            sampling=cfg,
+            admissible=None if admissible is None else admissible[b : b + 1],
+            seed=seeds[b : b + 1],
+        )[0]
+        assert o.prompt_ids == alone.prompt_ids
+        assert o.action_ids == alone.action_ids, b
+        assert torch.allclose(torch.tensor(o.logprobs), torch.tensor(alone.logprobs), atol=1e-5), b
+        assert (o.text, o.finished) == (alone.text, alone.finished)
+        if constrained:
+            assert o.finished and o.text in admissible[b]
+
+
+def test_the_prefill_runs_once_per_distinct_prompt(
+    backend: HFGenerationBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first forward sees only the distinct prompts; the cache is copied to rows only when some repeat."""
+    from transformers import DynamicCache
+
+    sizes: list[int] = []
+    copies: list[int] = []
+    reorder = DynamicCache.reorder_cache
+
+    def counting_reorder(cache: DynamicCache, index: torch.Tensor) -> None:
+        copies.append(index.numel())
+        reorder(cache, index)
+
+    monkeypatch.setattr(DynamicCache, "reorder_cache", counting_reorder)
+    hook = backend.model.register_forward_pre_hook(
+        lambda _m, _args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        distinct = _prompts(backend.tokenizer, 4)
+        cfg = SamplingConfig(max_new_tokens=4)
+        backend.generate([distinct[i] for i in REPEATED_ORDER], sampling=cfg, seed=0)
+        assert sizes[0] == 4 and len(sizes) > 1
+        assert set(sizes[1:]) == {len(REPEATED_ORDER)}  # then every row decodes
+        assert copies == [len(REPEATED_ORDER)]
+        sizes.clear()
+        copies.clear()
+        backend.generate(distinct, sampling=cfg, seed=0)
+        assert set(sizes) == {4} and copies == []  # all distinct: nothing to copy
+    finally:
+        hook.remove()
+
+
+def test_a_forced_closing_token_takes_no_forward_and_keeps_its_exact_log_prob(
+    backend: HFGenerationBackend,
+) -> None:
+    """Actions of equal length: after the last word only the end token is allowed, for every row at once."""
+    from gagpo_rllib.generation.constraints import action_token_ids, allowed_token_masks
+    from gagpo_rllib.logprobs import action_logprobs
+
+    tok = backend.tokenizer
+    acts = ["go north", "go south", "go east"]
+    depth = {len(ids) for ids in action_token_ids(tok, acts)}
+    assert len(depth) == 1  # the same number of tokens each, the end token last
+    prompts = _prompts(tok)
+    calls: list[int] = []
+    hook = backend.model.register_forward_pre_hook(lambda m, a, kw: calls.append(1), with_kwargs=True)
+    try:
+        outs = backend.generate(
+            prompts,
+            sampling=SamplingConfig(max_new_tokens=8, constrained=True),
+            admissible=[acts] * 3,
+            seed=1,
+        )
+    finally:
+        hook.remove()
+    (n,) = depth
+    assert len(calls) == n - 1  # the prefill and one forward per chosen token before the forced end token
+    for o in outs:
+        assert o.finished and tok.decode(o.action_ids, skip_special_tokens=True) in acts
+        assert o.action_ids[-1] == tok.eos_token_id and o.logprobs[-1] == 0.0
+    masks = [allowed_token_masks(tok, acts, o.action_ids, backend.model.config.vocab_size) for o in outs]
+    logp, _, _ = action_logprobs(
+        backend.model,
+        [o.prompt_ids for o in outs],
+        [o.action_ids for o in outs],
+        pad_token_id=tok.pad_token_id,
+        allowed_masks=masks,
+    )
+    for i, o in enumerate(outs):  # the learner scores the forced token 0 as well: ratio exactly 1 there
+        torch.testing.assert_close(logp[i, : len(o.logprobs)], torch.tensor(o.logprobs), atol=1e-5, rtol=0)
