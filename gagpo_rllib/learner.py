@@ -225,12 +225,9 @@ class GAGPOTorchLearner(TorchLearner):
         self._minibatch_index = getattr(self, "_minibatch_index", 0) + 1
         values["action_tokens_mean"] = float(mask.sum(-1).float().mean()) if len(mask) else 0.0
         # How much of the forward the learner saved: distinct rows per row, reference rows taken from the cache.
-        for name, key in (
-            ("unique_row_share", "unique_row_share"),
-            ("reference_cache_hit_share", "reference_cache_hits"),
-        ):
-            if key in fwd_out:
-                values[name] = float(fwd_out[key])
+        for name in ("unique_row_share", "reference_cache_hit_share"):
+            if name in fwd_out:
+                values[name] = float(fwd_out[name])
         rows = float((mask.sum(-1) > 0).sum()) if getattr(self, "_rows_in_step", 1) else 0.0
         self._loss_finite = bool(torch.isfinite(loss.detach()))
 

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-__all__ = ["action_logprobs", "scaled_logprobs", "shared_prompt_logprobs"]
+__all__ = [
+    "action_logprobs",
+    "cache_keyword",
+    "kv_cache",
+    "left_pad",
+    "scaled_logprobs",
+    "shared_prompt_logprobs",
+]
 
 
 def scaled_logprobs(
@@ -60,19 +68,7 @@ def action_logprobs(
     Prompts are left-padded, actions right-padded; position ids are cumsum(attention_mask) - 1 as in generate.
     ``allowed_masks[b]`` ([m_b, V] bool, or None) restricts the softmax to the allowed set at each position.
     """
-    if len(prompt_ids) != len(action_ids):
-        raise ValueError(
-            f"prompt_ids ({len(prompt_ids)}) and action_ids ({len(action_ids)}) differ in length"
-        )
-    if allowed_masks is not None and len(allowed_masks) != len(action_ids):
-        raise ValueError(
-            f"allowed_masks ({len(allowed_masks)}) and action_ids ({len(action_ids)}) differ in length"
-        )
-    for b, (p, a) in enumerate(zip(prompt_ids, action_ids, strict=True)):
-        if not p:
-            raise ValueError(f"prompt_ids[{b}]: empty prompt")
-        if not a:
-            raise ValueError(f"action_ids[{b}]: empty action")
+    _check_rows(prompt_ids, action_ids, allowed_masks, rows=prompt_ids, rows_name="prompt_ids")
     device = next(model.parameters()).device
     bsz = len(prompt_ids)
     plen = max(len(p) for p in prompt_ids)
@@ -95,14 +91,7 @@ def action_logprobs(
         use_cache=False,
     )
     logits = out.logits[:, :-1, :]  # position plen-1+k predicts action token k
-    allowed = _allowed_tensor(allowed_masks, action_ids, bsz, alen, logits.shape[-1], device)
-    logp, entropy = scaled_logprobs(
-        logits, targets, temperature=temperature, allowed=allowed, with_entropy=with_entropy
-    )
-    logp = logp * mask
-    if entropy is not None:
-        entropy = entropy * mask
-    return logp, mask, entropy
+    return _masked_scores(logits, targets, mask, allowed_masks, action_ids, temperature, with_entropy)
 
 
 def shared_prompt_logprobs(
@@ -123,29 +112,11 @@ def shared_prompt_logprobs(
     forwarded on its copy (as generation decodes them); gradients reach the prompt forward through the cache.
     Values equal ``action_logprobs`` up to float rounding.
     """
-    if len(prompt_of_row) != len(action_ids):
-        raise ValueError(
-            f"prompt_of_row ({len(prompt_of_row)}) and action_ids ({len(action_ids)}) differ in length"
-        )
-    if allowed_masks is not None and len(allowed_masks) != len(action_ids):
-        raise ValueError(
-            f"allowed_masks ({len(allowed_masks)}) and action_ids ({len(action_ids)}) differ in length"
-        )
-    for b, p in enumerate(prompt_ids):
-        if not p:
-            raise ValueError(f"prompt_ids[{b}]: empty prompt")
-    for b, a in enumerate(action_ids):
-        if not a:
-            raise ValueError(f"action_ids[{b}]: empty action")
+    _check_rows(prompt_ids, action_ids, allowed_masks, rows=prompt_of_row, rows_name="prompt_of_row")
     device = next(model.parameters()).device
-    n_prompts, bsz = len(prompt_ids), len(action_ids)
-    plen = max(len(p) for p in prompt_ids)
+    bsz = len(action_ids)
     alen = max(len(a) for a in action_ids)
-    input_ids = torch.full((n_prompts, plen), int(pad_token_id), dtype=torch.long)
-    attn = torch.zeros((n_prompts, plen), dtype=torch.long)
-    for b, p in enumerate(prompt_ids):
-        input_ids[b, plen - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-        attn[b, plen - len(p) :] = 1
+    input_ids, attn = left_pad(prompt_ids, pad_token_id)
     out = model(
         input_ids=input_ids.to(device),
         attention_mask=attn.to(device),
@@ -161,8 +132,7 @@ def shared_prompt_logprobs(
         targets[b, : len(a)] = torch.as_tensor(a, dtype=torch.long)
         action_mask[b, : len(a)] = 1
     if alen > 1:
-        cache = out.get("cache", None)
-        cache = out.get("past_key_values", None) if cache is None else cache
+        cache = kv_cache(out)
         cache.reorder_cache(
             rows.to(device)
         )  # index_select per layer: a repeated index copies the prompt's cache
@@ -173,18 +143,13 @@ def shared_prompt_logprobs(
             attention_mask=row_attn.to(device),
             position_ids=(start + torch.arange(alen - 1)).to(device),
             use_cache=True,
-            **{_cache_keyword(model): cache},
+            **{cache_keyword(model): cache},
         )
         logits = torch.cat([logits, rest.logits], dim=1)  # position k predicts action token k
-    allowed = _allowed_tensor(allowed_masks, action_ids, bsz, alen, logits.shape[-1], device)
     mask = action_mask.to(device=device, dtype=torch.float32)
-    logp, entropy = scaled_logprobs(
-        logits, targets.to(device), temperature=temperature, allowed=allowed, with_entropy=with_entropy
+    return _masked_scores(
+        logits, targets.to(device), mask, allowed_masks, action_ids, temperature, with_entropy
     )
-    logp = logp * mask
-    if entropy is not None:
-        entropy = entropy * mask
-    return logp, mask, entropy
 
 
 def _allowed_tensor(
@@ -211,11 +176,73 @@ def _allowed_tensor(
     return allowed
 
 
-def _cache_keyword(model: torch.nn.Module) -> str:
-    """transformers renamed the KV-cache argument from past_key_values to cache (both are supported)."""
+def left_pad(ids: list[list[int]], pad_token_id: int) -> tuple[Tensor, Tensor]:
+    """Token id lists left-padded to the longest: (input ids, attention mask), both [B, width] long, on CPU."""
+    width = max(len(p) for p in ids)
+    input_ids = torch.full((len(ids), width), int(pad_token_id), dtype=torch.long)
+    attn = torch.zeros((len(ids), width), dtype=torch.long)
+    for b, p in enumerate(ids):
+        input_ids[b, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        attn[b, width - len(p) :] = 1
+    return input_ids, attn
+
+
+def kv_cache(out: Any) -> Any:
+    """The KV cache of a forward's output (``cache`` in newer transformers, ``past_key_values`` before)."""
+    cache = out.get("cache", None)
+    return out.get("past_key_values", None) if cache is None else cache
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The forward's KV-cache argument: transformers renamed it from past_key_values to cache."""
     return _cache_keyword_of(type(model))
 
 
 @functools.cache
 def _cache_keyword_of(cls: type) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def _check_rows(
+    prompt_ids: list[list[int]],
+    action_ids: list[list[int]],
+    allowed_masks: list[Tensor | None] | None,
+    *,
+    rows: list,
+    rows_name: str,
+) -> None:
+    """Errors naming the field: ``rows`` (one per action row) and the masks must match the actions; no prompt or
+    action may be empty."""
+    if len(rows) != len(action_ids):
+        raise ValueError(f"{rows_name} ({len(rows)}) and action_ids ({len(action_ids)}) differ in length")
+    if allowed_masks is not None and len(allowed_masks) != len(action_ids):
+        raise ValueError(
+            f"allowed_masks ({len(allowed_masks)}) and action_ids ({len(action_ids)}) differ in length"
+        )
+    for b, p in enumerate(prompt_ids):
+        if not p:
+            raise ValueError(f"prompt_ids[{b}]: empty prompt")
+    for b, a in enumerate(action_ids):
+        if not a:
+            raise ValueError(f"action_ids[{b}]: empty action")
+
+
+def _masked_scores(
+    logits: Tensor,
+    targets: Tensor,
+    mask: Tensor,
+    allowed_masks: list[Tensor | None] | None,
+    action_ids: list[list[int]],
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(logp, mask, entropy) of the action tokens from their logits [B, alen, V], zero where ``mask`` is 0."""
+    bsz, alen, vocab = logits.shape
+    allowed = _allowed_tensor(allowed_masks, action_ids, bsz, alen, vocab, logits.device)
+    logp, entropy = scaled_logprobs(
+        logits, targets, temperature=temperature, allowed=allowed, with_entropy=with_entropy
+    )
+    logp = logp * mask
+    if entropy is not None:
+        entropy = entropy * mask
+    return logp, mask, entropy

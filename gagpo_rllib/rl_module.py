@@ -102,7 +102,6 @@ class LLMRLModule(TorchRLModule):
                 f"model_config['train_chunk_tokens'] must be >= 1, got {self.train_chunk_tokens}"
             )
         self.reference_cache = ReferenceLogprobCache(int(cfg.get("reference_cache_rows", 100_000)))
-        self._last_reference_hits = 0.0
         # Seconds spent in the backend so far (EnvRunners report the time split per iteration from it).
         self.generation_time_s = 0.0
         # Kept outside nn.Module registration: not a parameter, not in the state, not sent to EnvRunners.
@@ -204,8 +203,9 @@ class LLMRLModule(TorchRLModule):
         if self._reference is not None:
             if next(self._reference.parameters()).device != logp.device:
                 self._reference.to(logp.device)
-            out["ref_logp"] = self._reference_logprobs(uniq.keys, prompts, actions, masks, width)[inverse]
-            out["reference_cache_hits"] = torch.tensor(float(self._last_reference_hits))
+            ref_logp, hit_share = self._reference_logprobs(uniq.keys, prompts, actions, masks, width)
+            out["ref_logp"] = ref_logp[inverse]
+            out["reference_cache_hit_share"] = torch.tensor(hit_share)
         return out
 
     def _reference_logprobs(
@@ -215,14 +215,14 @@ class LLMRLModule(TorchRLModule):
         actions: list[list[int]],
         masks: list[torch.Tensor | None] | None,
         width: int,
-    ) -> torch.Tensor:
-        """Reference log-probs [U, width] of the distinct rows: cached rows gathered, the others computed."""
+    ) -> tuple[torch.Tensor, float]:
+        """Reference log-probs [U, width] of the distinct rows (cached rows gathered, the others computed) and
+        the share of them the cache held."""
         device = next(self._reference.parameters()).device
         cache = self.reference_cache
         missing = cache.missing(keys)
         todo = set(missing)
         hit = [j for j in range(len(keys)) if j not in todo]
-        self._last_reference_hits = len(hit) / max(1, len(keys))
         ref = torch.zeros((len(keys), width), dtype=torch.float32, device=device)
         if hit:
             ref[hit] = cache.gather([keys[j] for j in hit], width, device)
@@ -239,7 +239,7 @@ class LLMRLModule(TorchRLModule):
                 )
             ref[missing] = values.float()
             cache.put([keys[j] for j in missing], values, [len(actions[j]) for j in missing])
-        return ref
+        return ref, len(hit) / max(1, len(keys))
 
     def _chunked_logprobs(
         self,
@@ -254,9 +254,9 @@ class LLMRLModule(TorchRLModule):
         right-padded to ``width``. A prompt shared by several rows (one state, different actions) is forwarded
         once (``shared_prompt_logprobs``); a chunk whose rows all have their own prompt takes one plain forward.
         """
-        first: dict[tuple[int, ...], int] = {}
-        prompt_of = [first.setdefault(tuple(p), len(first)) for p in prompts]
-        distinct = [list(p) for p in first]
+        shared = unique_rows([tuple(p) for p in prompts])
+        prompt_of = shared.inverse.tolist()
+        distinct = [prompts[i] for i in shared.index]
         rows_of: list[list[int]] = [[] for _ in distinct]
         for row, j in enumerate(prompt_of):
             rows_of[j].append(row)

@@ -10,7 +10,7 @@ gradients onto the shared row, which is the gradient of the full batch.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +25,7 @@ class UniqueRows:
 
     index: list[int]
     inverse: torch.Tensor
-    keys: list[bytes]
+    keys: list[Hashable]
 
     @property
     def share(self) -> float:
@@ -60,9 +60,9 @@ def row_keys(
     return keys
 
 
-def unique_rows(keys: Sequence[bytes]) -> UniqueRows:
+def unique_rows(keys: Sequence[Hashable]) -> UniqueRows:
     """Group equal keys: the distinct rows in order of first occurrence and each row's distinct index."""
-    first: dict[bytes, int] = {}
+    first: dict[Hashable, int] = {}
     index: list[int] = []
     inverse = []
     for i, key in enumerate(keys):

@@ -15,18 +15,17 @@ The loop is written here rather than taken from ``model.generate`` for two reaso
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gagpo_rllib.generation.base import GenerationBackend, GenerationOutput, SamplingConfig, Seed, row_seeds
 from gagpo_rllib.generation.constraints import ActionTrie, action_token_ids, end_token_id
-from gagpo_rllib.logprobs import scaled_logprobs
+from gagpo_rllib.logprobs import cache_keyword, kv_cache, left_pad, scaled_logprobs
+from gagpo_rllib.unique_rows import unique_rows
 
 __all__ = ["HFGenerationBackend"]
 
@@ -66,9 +65,6 @@ class HFGenerationBackend(GenerationBackend):
             )
         self.eos_token_id = end_token_id(self.tokenizer)
         self.pad_token_id = int(self.tokenizer.pad_token_id)
-        # transformers renamed the KV-cache argument from past_key_values to cache (both are supported).
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -90,16 +86,6 @@ class HFGenerationBackend(GenerationBackend):
                 raise ValueError(f"prompts[{i}]: encodes to no tokens")
         return [list(p) for p in ids]
 
-    def _pad(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-pad token ids to the longest; return input ids and attention mask."""
-        width = max(len(p) for p in ids)
-        input_ids = torch.full((len(ids), width), self.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((len(ids), width), dtype=torch.long)
-        for i, p in enumerate(ids):
-            input_ids[i, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-            attn[i, width - len(p) :] = 1
-        return input_ids.to(self.device), attn.to(self.device)
-
     def generate(
         self,
         prompts: list[str],
@@ -115,10 +101,11 @@ class HFGenerationBackend(GenerationBackend):
         prompt_ids = self._encode(prompts)
         # prefill each distinct prompt once; rows[b] is row b's distinct prompt (None: all distinct, no copy).
         # The padded width is the longest prompt's either way, so every row sees the mask it would undeduped.
-        first: dict[tuple[int, ...], int] = {}
-        index = [first.setdefault(tuple(p), len(first)) for p in prompt_ids]
-        input_ids, attn = self._pad([list(p) for p in first])
-        rows = None if len(first) == len(prompts) else torch.tensor(index, device=self.device)
+        distinct = unique_rows([tuple(p) for p in prompt_ids])
+        input_ids, attn = (
+            t.to(self.device) for t in left_pad([prompt_ids[i] for i in distinct.index], self.pad_token_id)
+        )
+        rows = None if len(distinct.index) == len(prompts) else distinct.inverse.to(self.device)
         tries: list[ActionTrie] | None = None
         budget = int(sampling.max_new_tokens)
         if sampling.constrained:
@@ -177,7 +164,7 @@ class HFGenerationBackend(GenerationBackend):
             use_cache=True,
             logits_to_keep=1,
         )
-        logits, cache = out.logits[:, -1, :], _kv_cache(out)
+        logits, cache = out.logits[:, -1, :], kv_cache(out)
         if rows is not None:
             # reorder_cache index_selects every layer's keys/values, so a repeated index copies a prompt's cache
             # to each of its rows (batch_select_indices would too, but only dynamic layers define it)
@@ -222,9 +209,9 @@ class HFGenerationBackend(GenerationBackend):
                 attention_mask=attn,
                 position_ids=position_ids,
                 use_cache=True,
-                **{self._cache_kw: cache},
+                **{cache_keyword(self.model): cache},
             )
-            logits, cache = out.logits[:, -1, :], _kv_cache(out)
+            logits, cache = out.logits[:, -1, :], kv_cache(out)
         return tokens, logps, finished
 
     def _sample(
@@ -261,12 +248,6 @@ class HFGenerationBackend(GenerationBackend):
 
     def reset_cache(self) -> None:
         """The decoding loop keeps no cache between calls; nothing to drop."""
-
-
-def _kv_cache(out: Any) -> Any:
-    """The KV cache of a forward's output (``cache`` in newer transformers, ``past_key_values`` before)."""
-    cache = out.get("cache", None)
-    return out.get("past_key_values", None) if cache is None else cache
 
 
 def _finish_forced(

@@ -202,7 +202,7 @@ def test_reference_log_probs_of_rows_seen_before_come_from_the_cache(tiny_policy
     out = runner_side.forward_exploration({PROMPTS: _prompts(runner_side), GEN_SEED: 4})
     batch = _train_batch(out, learner_side, constrained=False)
     first = learner_side.forward_train(_repeat_rows(batch, [0, 1]))
-    assert float(first["reference_cache_hits"]) == 0.0
+    assert float(first["reference_cache_hit_share"]) == 0.0
     # the policy moves; the reference does not, so its values for rows 0 and 1 are reused
     with torch.no_grad():
         for p in learner_side.model.parameters():
@@ -211,7 +211,7 @@ def test_reference_log_probs_of_rows_seen_before_come_from_the_cache(tiny_policy
     second = learner_side.forward_train(_repeat_rows(batch, [1, 2, 0, 1]))
     hook.remove()
     assert seen == [1]  # only row 2 is new
-    assert float(second["reference_cache_hits"]) == pytest.approx(2 / 3)
+    assert float(second["reference_cache_hit_share"]) == pytest.approx(2 / 3)
     torch.testing.assert_close(second["ref_logp"][0], first["ref_logp"][1], atol=1e-6, rtol=0)
     torch.testing.assert_close(second["ref_logp"][2], first["ref_logp"][0], atol=1e-6, rtol=0)
     assert not torch.allclose(second["logp"][2], first["logp"][0])  # the policy's own values are fresh
