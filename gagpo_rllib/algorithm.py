@@ -36,7 +36,7 @@ from gagpo_rllib.connectors.module_to_env import INVALID, ActionParserConnector
 from gagpo_rllib.connectors.state_keys import StateKeyConnector
 from gagpo_rllib.critic import CriticRLModule
 from gagpo_rllib.critic_learner import GAGPOCriticTorchLearner
-from gagpo_rllib.engine_sleep import sleep_rollout_engines, validate_engine_sleep, wake_rollout_engines
+from gagpo_rllib.engine_sleep import rollout_engines_asleep, validate_engine_sleep
 from gagpo_rllib.env_runner import GAGPOEnvRunner, PlannedEpisode, RolloutStats, derive_seed
 from gagpo_rllib.group_sampling import (
     GroupSample,
@@ -596,27 +596,27 @@ class GAGPO(Algorithm):
             trainable = len(uniform_groups(rows)) < len(set(rows.group_id.tolist()))
         t0 = time.perf_counter()
         if trainable:
-            sleep_rollout_engines(self)  # only with sleep_engines_during_update: frees the GPU for the update
-            with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
-                learner_results = self.learner_group.update(
-                    # Whole groups per learner, one shared number of optimizer steps (gagpo_rllib.sharding).
-                    training_data=GroupShardedTrainingData(
-                        episodes=episodes,
-                        invalid_penalty=cfg.invalid_penalty,
-                        skip_uniform_groups=cfg.skip_uniform_groups,
-                    ),
-                    timesteps={
-                        NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
-                            (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
-                        )
-                    },
-                    num_epochs=cfg.num_epochs,
-                    minibatch_size=cfg.minibatch_size,
-                    shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch,
-                )
-            self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
-            report_skipped_updates(self.metrics, iteration)
-            wake_rollout_engines(self)  # those sleep_rollout_engines put to sleep
+            # Only with sleep_engines_during_update: the engines free the GPU for the update, then wake.
+            with rollout_engines_asleep(self):
+                with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+                    learner_results = self.learner_group.update(
+                        # Whole groups per learner, one shared number of optimizer steps (gagpo_rllib.sharding).
+                        training_data=GroupShardedTrainingData(
+                            episodes=episodes,
+                            invalid_penalty=cfg.invalid_penalty,
+                            skip_uniform_groups=cfg.skip_uniform_groups,
+                        ),
+                        timesteps={
+                            NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                                (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+                            )
+                        },
+                        num_epochs=cfg.num_epochs,
+                        minibatch_size=cfg.minibatch_size,
+                        shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch,
+                    )
+                self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+                report_skipped_updates(self.metrics, iteration)
             with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
                 self.env_runner_group.sync_weights(
                     from_worker_or_learner_group=self.learner_group, inference_only=True

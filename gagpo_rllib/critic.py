@@ -21,6 +21,7 @@ from ray.rllib.core.rl_module.apis.inference_only_api import InferenceOnlyAPI
 from torch import Tensor, nn
 
 from gagpo_rllib.rl_module import LLMRLModule, unpad_token_batch
+from gagpo_rllib.unique_rows import back_in_order, length_chunks, unique_rows
 
 __all__ = ["VALUES", "CriticRLModule", "ValueHead", "last_token_hidden"]
 
@@ -120,9 +121,25 @@ class CriticRLModule(LLMRLModule, InferenceOnlyAPI):
         return list(part.parameters())
 
     def state_values(self, prompt_ids: list[list[int]]) -> Tensor:
-        """V(s) for each prompt: [B] float32."""
+        """V(s) for each prompt: [B] float32.
+
+        The K rollouts of a group share prompts, so the critic runs once per distinct prompt, in length-sorted
+        chunks of at most ``train_chunk_tokens`` tokens; the gather back to the rows sums their gradients.
+        """
         if self.inference_only:
             raise RuntimeError("an inference-only CriticRLModule (EnvRunner) has no critic")
+        if not prompt_ids:
+            raise ValueError("prompt_ids: empty batch")
+        distinct = unique_rows([tuple(p) for p in prompt_ids])
+        prompts = [list(prompt_ids[i]) for i in distinct.index]
+        parts, order = [], []
+        for chunk in length_chunks([len(p) for p in prompts], self.train_chunk_tokens):
+            parts.append(self._values([prompts[i] for i in chunk]))
+            order.extend(chunk)
+        values = torch.cat(parts)
+        return values[back_in_order(order).to(values.device)[distinct.inverse.to(values.device)]]
+
+    def _values(self, prompt_ids: list[list[int]]) -> Tensor:
         if self.share_trunk:
             return self.value_head(
                 last_token_hidden(self.model.base_model, prompt_ids, pad_token_id=self.pad_token_id)

@@ -9,8 +9,9 @@ local runner's when it started one, and the evaluation runners' unless evaluatio
 cached during it (``torch.cuda.empty_cache``), so the engines can re-allocate theirs, and every engine wakes
 before the weight sync, the evaluation engine too (RLlib syncs it only before evaluating); ``update_weights``
 would wake an engine the call missed. Every engine is awake when the iteration ends; when the update is
-skipped, nothing sleeps. Only the update's memory is gained: the learner's resident state (weights, optimizer
-moments, reference) stays while the engines sample.
+skipped, nothing sleeps; when it raises, the engines still wake (``rollout_engines_asleep``), so a caller that
+catches the error can train on. Only the update's memory is gained: the learner's resident state (weights,
+optimizer moments, reference) stays while the engines sample.
 
 Calls go to the healthy runners only and the function sent never raises (an exception would kill the actor,
 see ``gagpo_rllib.group_sampling``): a runner lost meanwhile, or an engine that refuses, is logged and counted
@@ -20,14 +21,22 @@ runner builds an awake engine.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["SLEEP_LEVEL", "sleep_rollout_engines", "validate_engine_sleep", "wake_rollout_engines"]
+__all__ = [
+    "SLEEP_LEVEL",
+    "rollout_engines_asleep",
+    "sleep_rollout_engines",
+    "validate_engine_sleep",
+    "wake_rollout_engines",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -145,3 +154,13 @@ def wake_rollout_engines(algo: Any) -> None:
     woken, failures = _call_engines(algo, asleep=False)
     algo.metrics.log_value(("gagpo", "engines_woken"), float(woken), window=1)
     algo.metrics.log_value(("gagpo", "engine_wake_failures"), float(failures), window=1)
+
+
+@contextlib.contextmanager
+def rollout_engines_asleep(algo: Any) -> Iterator[None]:
+    """The engines sleep for the block (the learner update) and wake after it, also when it raises."""
+    sleep_rollout_engines(algo)
+    try:
+        yield
+    finally:
+        wake_rollout_engines(algo)

@@ -22,7 +22,7 @@ from gagpo_rllib.generation.base import GenerationBackend, SamplingConfig
 from gagpo_rllib.logprobs import action_logprobs, shared_prompt_logprobs
 from gagpo_rllib.models import load_policy
 from gagpo_rllib.reference_cache import ReferenceLogprobCache
-from gagpo_rllib.unique_rows import length_chunks, row_keys, unique_rows
+from gagpo_rllib.unique_rows import back_in_order, length_chunks, row_keys, unique_rows
 
 __all__ = ["LLMRLModule", "PROMPTS", "ADMISSIBLE", "GEN_SEED", "object_array"]
 
@@ -286,9 +286,7 @@ class LLMRLModule(TorchRLModule):
                 )
             parts.append(tuple(_pad_right(t, width) if t is not None else None for t in out))
             order += rows
-        back = torch.empty(len(order), dtype=torch.long)
-        back[torch.as_tensor(order, dtype=torch.long)] = torch.arange(len(order))
-        back = back.to(parts[0][0].device)
+        back = back_in_order(order).to(parts[0][0].device)
         logp = torch.cat([p[0] for p in parts])[back]
         mask = torch.cat([p[1] for p in parts])[back]
         entropy = torch.cat([p[2] for p in parts])[back] if with_entropy else None

@@ -179,8 +179,12 @@ def train(
         checkpoint = str(Path(restore).resolve())
         if not Path(checkpoint).exists():
             raise FileNotFoundError(f"checkpoint to restore not found: {checkpoint}")
+        # The checkpoint loads first, then the config's own start-up callbacks (e.g. a validation before
+        # training) see the restored algorithm.
+        own = config.callbacks_on_algorithm_init
+        own = [] if own is None else list(own) if isinstance(own, (list, tuple)) else [own]
         config = config.copy(copy_frozen=False).callbacks(
-            on_algorithm_init=lambda algorithm, **kw: algorithm.restore_from_path(checkpoint)
+            on_algorithm_init=[lambda algorithm, **kw: algorithm.restore_from_path(checkpoint), *own]
         )
     run_config = tune.RunConfig(
         name=name,

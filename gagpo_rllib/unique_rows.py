@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["UniqueRows", "length_chunks", "row_keys", "unique_rows"]
+__all__ = ["UniqueRows", "back_in_order", "length_chunks", "row_keys", "unique_rows"]
 
 
 @dataclass(frozen=True)
@@ -96,3 +96,10 @@ def length_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     if current:
         chunks.append(current)
     return chunks
+
+
+def back_in_order(order: Sequence[int]) -> torch.Tensor:
+    """Indices that put outputs computed in ``order`` (the chunks' rows, concatenated) back in row order."""
+    back = torch.empty(len(order), dtype=torch.long)
+    back[torch.as_tensor(list(order), dtype=torch.long)] = torch.arange(len(order))
+    return back

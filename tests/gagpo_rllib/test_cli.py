@@ -25,13 +25,23 @@ config = (
     .training(lr=5e-4, minibatch_size=512)
     .debugging(seed=0)
 )
+
+
+def record_start(algorithm, **kwargs):
+    # The file's own start-up callback: the env steps the algorithm holds when it runs.
+    steps = algorithm.metrics.peek(("env_runners", "num_env_steps_sampled_lifetime"), default=0)
+    with open({starts!r}, "a") as handle:
+        handle.write(f"{{int(steps)}}\\n")
+
+
+config = config.callbacks(on_algorithm_init=record_start)
 stop = {{"training_iteration": 5}}
 """
 
 
 def write_train_file(folder: Path, model: Path) -> Path:
     path = folder / "maze_tiny.py"
-    path.write_text(TRAIN_FILE.format(model=str(model)))
+    path.write_text(TRAIN_FILE.format(model=str(model), starts=str(folder / "starts.txt")))
     return path
 
 
@@ -154,6 +164,9 @@ def test_train_file_checkpoints_and_restores(
     assert float(restored[0]["num_env_steps_sampled_lifetime"]) > trained_lifetime > first_lifetime
     result = json.loads((next((storage / "restored").rglob("result.json"))).read_text().splitlines()[-1])
     assert 0.0 <= result["gagpo"]["success_rate"] <= 1.0
+    # The file's on_algorithm_init ran in both runs; with --restore it ran after the checkpoint was loaded.
+    starts = [int(line) for line in (tmp_path / "starts.txt").read_text().split()]
+    assert starts == [0, int(trained_lifetime)]
 
     with pytest.raises(FileNotFoundError, match="checkpoint to restore not found"):
         main(["train", "file", str(train_file), "--restore", str(tmp_path / "nope")])

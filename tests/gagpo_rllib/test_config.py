@@ -47,6 +47,10 @@ def _valid() -> GAGPOConfig:
         ("vf_clip", 0.0),
         ("critic_lr", 0.0),
         ("critic_share_trunk", "yes"),
+        ("max_prompt_tokens", 0),
+        ("train_chunk_tokens", 0),
+        ("train_chunk_tokens", 8.5),
+        ("reference_cache_rows", -1),
     ],
 )
 def test_bad_values_name_the_field(field: str, value) -> None:

@@ -78,6 +78,40 @@ def test_value_head_gives_one_value_per_prompt_with_gradient(
             torch.testing.assert_close(module.critic.trunk.state_dict()[name], value)
 
 
+@pytest.mark.parametrize("share_trunk", [False, True])
+def test_repeated_prompts_take_one_critic_row_each_with_the_per_row_values_and_gradients(
+    tiny_policy_path: Path, share_trunk: bool
+) -> None:
+    """A group's rollouts repeat states: each distinct prompt runs through the critic once, yet the values and
+    the gradients equal those of one forward per row."""
+    module = _module(tiny_policy_path, share_trunk=share_trunk)
+    module.train_chunk_tokens = 6  # several length-sorted chunks
+    rows = [PROMPTS[1], PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0], PROMPTS[1]]
+    trunk = module.model.base_model if share_trunk else module.critic.trunk
+    forwarded: list[int] = []
+    hook = trunk.register_forward_pre_hook(
+        lambda _, args, kwargs: forwarded.append(int(kwargs["input_ids"].shape[0])), with_kwargs=True
+    )
+    try:
+        values = module.state_values(rows)
+    finally:
+        hook.remove()
+    assert sum(forwarded) == len(PROMPTS) and len(forwarded) > 1
+    weights = torch.arange(1.0, len(rows) + 1)
+    (values * weights).sum().backward()
+    params = [p for p in module.parameters() if p.requires_grad]
+    grads = [p.grad.clone() if p.grad is not None else None for p in params]
+    module.zero_grad(set_to_none=True)
+    one_by_one = torch.cat([module._values([row]) for row in rows])
+    torch.testing.assert_close(values, one_by_one, atol=1e-5, rtol=0)
+    (one_by_one * weights).sum().backward()
+    for p, g in zip(params, grads, strict=True):
+        if g is None:
+            assert p.grad is None
+        else:
+            torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)
+
+
 def test_critic_stays_off_the_env_runner(tiny_policy_path: Path) -> None:
     learner_side = _module(tiny_policy_path)
     runner_side = _module(tiny_policy_path, inference_only=True)

@@ -165,3 +165,29 @@ def test_a_runner_killed_before_the_update_does_not_stop_training(ray_cluster, t
             assert levels and all(level is None for level in levels)  # every healthy runner's engine is awake
         finally:
             algo.stop()
+
+
+def test_an_update_that_raises_still_wakes_the_engine(ray_cluster, tiny_maze_config) -> None:
+    """The error reaches the caller, the engine is awake, and the next iteration samples and updates."""
+    with fake_vllm_on_path():
+        algo = _sleeping_config(tiny_maze_config).build_algo()
+        try:
+            engine = algo.env_runner_group.local_env_runner.module.backend.llm
+            update = algo.learner_group.update
+
+            def failing_update(*args, **kwargs):
+                assert engine.sleeping_level == 1
+                raise RuntimeError("update failed")
+
+            algo.learner_group.update = failing_update
+            with pytest.raises(RuntimeError, match="update failed"):
+                algo.training_step()
+            assert engine.sleeping_level is None
+            assert engine.events[-1] == ("wake_up", None)
+            algo.learner_group.update = update
+            result = algo.train()
+            assert result["gagpo"]["update_skipped"] == 0.0
+            assert result["gagpo"]["engines_woken"] == 1.0
+            assert not any(math.isnan(float(w.abs().sum())) for _, w in engine.weights())
+        finally:
+            algo.stop()
