@@ -72,7 +72,8 @@ def _prompts(tok, batch: int, prompt_tokens: int) -> list[str]:
     return prompts
 
 
-def _raw_generate(model, tok, prompts: list[str], new_tokens: int, seed: int) -> int:
+def _sample(model, tok, prompts: list[str], new_tokens: int, seed: int, **extra):
+    """Plain HF ``generate`` sampling at temperature 1: (prompt width, its output)."""
     enc = tok(prompts, add_special_tokens=False, padding=True, return_tensors="pt").to(model.device)
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -85,10 +86,15 @@ def _raw_generate(model, tok, prompts: list[str], new_tokens: int, seed: int) ->
             max_new_tokens=new_tokens,
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
+            **extra,
         )
-    new = out[:, enc["input_ids"].shape[1] :]
+    return enc["input_ids"].shape[1], out
+
+
+def _raw_generate(model, tok, prompts: list[str], new_tokens: int, seed: int) -> int:
+    width, out = _sample(model, tok, prompts, new_tokens, seed)
     count = 0
-    for row in new.tolist():
+    for row in out[:, width:].tolist():
         count += row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
     return count
 
@@ -149,22 +155,11 @@ def throughput(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------- peak memory
 def _stacked_logits_generate(model, tok, prompts: list[str], new_tokens: int, seed: int) -> int:
     """The former backend: ``generate(output_logits=True)``, all logits stacked, then the log-probs."""
-    enc = tok(prompts, add_special_tokens=False, padding=True, return_tensors="pt").to(model.device)
-    torch.manual_seed(seed)
+    width, out = _sample(
+        model, tok, prompts, new_tokens, seed, output_logits=True, return_dict_in_generate=True
+    )
+    new = out.sequences[:, width:]
     with torch.no_grad():
-        out = model.generate(
-            **enc,
-            do_sample=True,
-            top_k=0,
-            top_p=1.0,
-            temperature=1.0,
-            max_new_tokens=new_tokens,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        new = out.sequences[:, enc["input_ids"].shape[1] :]
         logits = torch.stack(out.logits, dim=1)  # [B, T, V]
         scaled_logprobs(logits, new, temperature=1.0)
     return int(new.numel())
