@@ -20,6 +20,7 @@ import torch
 from ray.rllib.core.rl_module.apis.inference_only_api import InferenceOnlyAPI
 from torch import Tensor, nn
 
+from gagpo_rllib.logprobs import left_pad
 from gagpo_rllib.rl_module import LLMRLModule, unpad_token_batch
 from gagpo_rllib.unique_rows import back_in_order, length_chunks, unique_rows
 
@@ -40,12 +41,7 @@ def last_token_hidden(trunk: nn.Module, prompt_ids: list[list[int]], *, pad_toke
         if not p:
             raise ValueError(f"prompt_ids[{b}]: empty prompt")
     device = next(trunk.parameters()).device
-    width = max(len(p) for p in prompt_ids)
-    input_ids = torch.full((len(prompt_ids), width), int(pad_token_id), dtype=torch.long)
-    attn = torch.zeros((len(prompt_ids), width), dtype=torch.long)
-    for b, p in enumerate(prompt_ids):
-        input_ids[b, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-        attn[b, width - len(p) :] = 1
+    input_ids, attn = left_pad(prompt_ids, pad_token_id)
     position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
     out = trunk(
         input_ids=input_ids.to(device),
