@@ -36,6 +36,7 @@ import numpy as np
 from envs.alfworld import SHORT_NAMES, TASK_TYPES
 from envs.alfworld.games import BUNDLED_DATA, find_games
 from envs.alfworld.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
+from gagpo_rllib import paper_setup
 from gagpo_rllib.algorithm import GAGPOConfig
 from gagpo_rllib.demonstrations import DemoSet, alfworld_demonstrations
 from gagpo_rllib.evaluation import EvalSettings, with_validation
@@ -206,46 +207,21 @@ def validate_warm_start(algorithm, **kwargs) -> None:
 
 
 def paper_config(model_path: str, *, num_gpus: int | None = None, seed: int = 0) -> GAGPOConfig:
-    """The paper's ALFWorld set-up (Qwen2.5-1.5B-Instruct): vLLM rollouts and bf16 when a GPU is there."""
-    gpus = int(os.environ.get("GAGPO_GPUS", "0")) if num_gpus is None else num_gpus
-    on_gpu = gpus > 0
-    # GPUs split evenly over learners (the local one when NUM_LEARNERS is 0) and runners: 0.5 each on one GPU.
-    gpu_each = min(1.0, gpus / (max(1, NUM_LEARNERS) + NUM_ENV_RUNNERS)) if on_gpu else 0
-    config = (
-        GAGPOConfig()
-        .environment(env_class(), env_config={"split": "train"})
-        .env_runners(num_env_runners=NUM_ENV_RUNNERS, num_gpus_per_env_runner=gpu_each)
-        .learners(num_learners=NUM_LEARNERS, num_gpus_per_learner=gpu_each)
-        .gagpo(
-            model_path=model_path,
-            estimator="gagpo",
-            group_size=8,
-            groups_per_iteration=16,
-            max_steps=50,
-            history_length=2,
-            gamma=0.95,
-            lam=0.95,
-            kl_coeff=0.01,
-            entropy_coeff=0.001,
-            temperature=1.0,
-            eval_temperature=0.4,
-            max_new_tokens=512,
-            max_prompt_tokens=2048,
-            constrained_decoding=False,
-            backend="vllm" if on_gpu else "hf",
-            backend_kwargs={"gpu_memory_utilization": 0.4, "dtype": "bfloat16"} if on_gpu else {},
-            dtype="bfloat16" if on_gpu else "float32",
-        )
-        .training(lr=1e-6, num_epochs=1, minibatch_size=64, grad_clip=1.0)
-        .debugging(seed=seed)
-    )
-    # Validation every 5 iterations on all of valid_unseen at eval_temperature (its own, smaller vLLM engine).
-    return with_validation(
-        config,
-        split=VALID_SPLIT,
-        interval=5,
-        settings=EvalSettings(split=VALID_SPLIT, seed=seed),
-        **({"backend_kwargs": {"gpu_memory_utilization": 0.15, "dtype": "bfloat16"}} if on_gpu else {}),
+    """The paper's ALFWorld set-up (Qwen2.5-1.5B-Instruct): vLLM rollouts and bf16 when a GPU is there.
+
+    Validation every 5 iterations on all of valid_unseen at eval_temperature (its own, smaller vLLM engine).
+    """
+    return paper_setup.paper_config(
+        env_class(),
+        {"split": "train"},
+        model_path=model_path,
+        max_steps=50,
+        max_prompt_tokens=2048,
+        valid_split=VALID_SPLIT,
+        num_learners=NUM_LEARNERS,
+        num_env_runners=NUM_ENV_RUNNERS,
+        num_gpus=num_gpus,
+        seed=seed,
     )
 
 

@@ -1,0 +1,86 @@
+"""The paper's training set-up (Qwen2.5-1.5B-Instruct), shared by its ALFWorld and WebShop configurations.
+
+The two benchmarks use the same hyperparameters: groups of 8, 16 groups per iteration, gamma = lam = 0.95, KL 0.01
+to the reference, entropy 0.001, lr 1e-6, free-form answers of up to 512 tokens, and validation every 5 iterations
+at temperature 0.4. Only the environment, its horizon and its prompt budget differ. On GPUs the rollouts run on
+vLLM and training in bf16; the GPUs split evenly over learners and EnvRunners.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gagpo_rllib.algorithm import GAGPOConfig
+from gagpo_rllib.evaluation import EvalSettings, with_validation
+
+__all__ = ["paper_config"]
+
+TRAIN_ENGINE_MEMORY = 0.4  # share of a GPU for the training rollouts' vLLM engine
+VALID_ENGINE_MEMORY = 0.15  # and for the validation engine, which plays beside it
+
+
+def _gpus_each(num_gpus: int, num_learners: int, num_env_runners: int) -> float:
+    """GPUs per learner and per EnvRunner: an even split, the local learner counting as one; at most 1 each."""
+    if num_gpus <= 0:
+        return 0
+    return min(1.0, num_gpus / (max(1, num_learners) + num_env_runners))
+
+
+def _engine(memory: float) -> dict:
+    """vLLM engine arguments: a share of the GPU's memory, bf16 weights."""
+    return {"gpu_memory_utilization": memory, "dtype": "bfloat16"}
+
+
+def paper_config(
+    env: Any,
+    env_config: dict,
+    *,
+    model_path: str,
+    max_steps: int,
+    max_prompt_tokens: int,
+    valid_split: str,
+    num_learners: int,
+    num_env_runners: int,
+    num_gpus: int | None = None,
+    seed: int = 0,
+) -> GAGPOConfig:
+    """The paper's set-up on ``env``; ``num_gpus`` None reads ``GAGPO_GPUS`` (0: CPU, HF rollouts, float32)."""
+    gpus = int(os.environ.get("GAGPO_GPUS", "0")) if num_gpus is None else num_gpus
+    on_gpu = gpus > 0
+    gpu_each = _gpus_each(gpus, num_learners, num_env_runners)
+    config = (
+        GAGPOConfig()
+        .environment(env, env_config=dict(env_config))
+        .env_runners(num_env_runners=num_env_runners, num_gpus_per_env_runner=gpu_each)
+        .learners(num_learners=num_learners, num_gpus_per_learner=gpu_each)
+        .gagpo(
+            model_path=model_path,
+            estimator="gagpo",
+            group_size=8,
+            groups_per_iteration=16,
+            max_steps=max_steps,
+            history_length=2,
+            gamma=0.95,
+            lam=0.95,
+            kl_coeff=0.01,
+            entropy_coeff=0.001,
+            temperature=1.0,
+            eval_temperature=0.4,
+            max_new_tokens=512,
+            max_prompt_tokens=max_prompt_tokens,
+            constrained_decoding=False,
+            backend="vllm" if on_gpu else "hf",
+            backend_kwargs=_engine(TRAIN_ENGINE_MEMORY) if on_gpu else {},
+            dtype="bfloat16" if on_gpu else "float32",
+        )
+        .training(lr=1e-6, num_epochs=1, minibatch_size=64, grad_clip=1.0)
+        .debugging(seed=seed)
+    )
+    return with_validation(
+        config,
+        split=valid_split,
+        interval=5,
+        settings=EvalSettings(split=valid_split, seed=seed),
+        **({"backend_kwargs": _engine(VALID_ENGINE_MEMORY)} if on_gpu else {}),
+    )

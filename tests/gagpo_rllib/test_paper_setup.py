@@ -1,0 +1,50 @@
+"""The paper's shared set-up: the same hyperparameters on any env, GPUs split evenly, CPU without GPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gagpo_rllib.paper_setup import paper_config
+from tests.gagpo_rllib.toy_env import CorridorEnv
+
+
+def _config(tiny_policy_path: Path, env_config: dict | None = None, **kwargs):
+    args = dict(
+        model_path=str(tiny_policy_path),
+        max_steps=7,
+        max_prompt_tokens=300,
+        valid_split="valid",
+        num_learners=0,
+        num_env_runners=1,
+    )
+    return paper_config(CorridorEnv, env_config or {"split": "train"}, **{**args, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("gpus", "learners", "runners", "each"),
+    [(1, 0, 1, 0.5), (4, 2, 2, 1.0), (2, 2, 2, 0.5), (8, 1, 1, 1.0)],
+)
+def test_gpus_split_evenly_over_learners_and_runners(tiny_policy_path, gpus, learners, runners, each) -> None:
+    c = _config(tiny_policy_path, num_gpus=gpus, num_learners=learners, num_env_runners=runners)
+    assert (c.num_gpus_per_learner, c.num_gpus_per_env_runner) == (each, each)
+    assert (c.num_learners, c.num_env_runners) == (learners, runners)
+    assert (c.backend, c.dtype) == ("vllm", "bfloat16")
+    train_memory = c.backend_kwargs["gpu_memory_utilization"]
+    assert c.evaluation_config["backend_kwargs"]["gpu_memory_utilization"] < train_memory
+
+
+def test_without_gpus_it_trains_on_cpu_with_hf_rollouts(tiny_policy_path, monkeypatch) -> None:
+    monkeypatch.delenv("GAGPO_GPUS", raising=False)
+    env_config = {"split": "train"}
+    c = _config(tiny_policy_path, env_config, seed=3)
+    assert (c.backend, c.dtype, c.backend_kwargs) == ("hf", "float32", {})
+    assert (c.num_gpus_per_learner, c.num_gpus_per_env_runner) == (0, 0)
+    assert (c.max_steps, c.max_prompt_tokens, c.seed) == (7, 300, 3)
+    assert (c.group_size, c.groups_per_iteration, c.gamma, c.lam, c.lr) == (8, 16, 0.95, 0.95, 1e-6)
+    assert c.evaluation_config["env_config"]["split"] == "valid" and c.evaluation_interval == 5
+    c.env_config["split"] = "changed"
+    assert env_config == {"split": "train"}
+    monkeypatch.setenv("GAGPO_GPUS", "1")
+    assert _config(tiny_policy_path).backend == "vllm"
