@@ -22,6 +22,7 @@ Ablations of GAGPO (same protocol, selectable as estimators): ``gagpo-lam0``, ``
                                          [--estimators gagpo gigpo grpo rloo] [--num-cpus 2] [--force]
                                          [--out benchmarks/results]
     python benchmarks/learning_curves.py --task hard --from-csv      # merge the task's run CSVs, no training
+    python benchmarks/learning_curves.py --task hard --missing       # the protocol's runs still to do
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ ABLATIONS = {
     "gagpo-lam1": ("gagpo", {"lam": 1.0}),
     "gagpo-nostate": ("gagpo", {"state_key": NO_STATE_KEY}),
 }
+# The full protocol: every estimator on both tasks, the ablations on the hard task, 8 seeds each.
+PROTOCOL_SEEDS = tuple(range(8))
+
+
+def protocol_variants(task: str) -> tuple[str, ...]:
+    """The runs the protocol asks for on ``task``: the estimators, and on the hard task the ablations too."""
+    return ESTIMATORS + (tuple(ABLATIONS) if task == "hard" else ())
+
+
 HARD_POLICY_DIR = Path(
     os.environ.get(
         "GAGPO_TINY_HARD_POLICY_DIR", Path.home() / ".cache" / "gagpo_rllib" / "tiny_key_maze_policy"
@@ -315,6 +325,45 @@ def run_csv(runs_dir: Path, estimator: str, seed: int) -> Path:
     return runs_dir / f"{estimator}_seed{seed}.csv"
 
 
+def missing_runs(runs_dir: Path, task: str, seeds=PROTOCOL_SEEDS) -> dict[str, list[int]]:
+    """Per protocol variant of ``task``, the seeds without a finished run CSV (a ``.partial`` does not count)."""
+    missing = {v: [s for s in seeds if not run_csv(runs_dir, v, s).exists()] for v in protocol_variants(task)}
+    return {v: s for v, s in missing.items() if s}
+
+
+def missing_report(runs_dir: Path, task: str, iterations: int, num_cpus: int) -> str:
+    """What the protocol still lacks on ``task``: one command per seed (its missing variants), and the hours it
+    takes at ``num_cpus`` runs in parallel, estimated from the finished runs' wall time (a variant without a
+    finished run takes the mean over all of them)."""
+    missing = missing_runs(runs_dir, task)
+    total = len(protocol_variants(task)) * len(PROTOCOL_SEEDS)
+    n_missing = sum(map(len, missing.values()))
+    lines = [
+        f"{task}: {total - n_missing} of {total} protocol runs finished ({len(PROTOCOL_SEEDS)} seeds each)"
+    ]
+    if not missing:
+        return lines[0]
+    wall: dict[str, list[float]] = defaultdict(list)
+    for path in runs_dir.glob("*.csv"):
+        rows = read_csv(path)
+        if rows:
+            wall[rows[0]["estimator"]].append(max(r["wall_s"] for r in rows))
+    every = [w for ws in wall.values() for w in ws]
+    seconds = 0.0
+    for seed in PROTOCOL_SEEDS:
+        variants_left = [v for v, seeds in missing.items() if seed in seeds]
+        if not variants_left:
+            continue
+        for v in variants_left:
+            seconds += np.mean(wall[v]) if wall.get(v) else (np.mean(every) if every else float("nan"))
+        lines.append(
+            f"python benchmarks/learning_curves.py --task {task} --iterations {iterations} --seeds {seed} "
+            f"--estimators {' '.join(variants_left)}"
+        )
+    lines.append(f"about {seconds / 3600 / max(1, num_cpus):.1f} h at {num_cpus} runs in parallel")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="maze", choices=list(TASKS), help="maze (quick default) or hard")
@@ -330,11 +379,19 @@ def main(argv: list[str] | None = None) -> None:
         nargs="*",
         help="no training: merge these CSV files, or with no file every run CSV under <out>/<task>/runs/",
     )
+    parser.add_argument(
+        "--missing",
+        action="store_true",
+        help="no training: the protocol's runs of --task without a CSV yet, with the commands that run them",
+    )
     args = parser.parse_args(argv)
     if args.iterations < 1:
         parser.error(f"--iterations must be >= 1, got {args.iterations}")
     out = Path(args.out) / args.task
     runs_dir = out / "runs"
+    if args.missing:
+        print(missing_report(runs_dir, args.task, args.iterations, args.num_cpus))
+        return
     if args.from_csv is not None:
         paths = [Path(p) for p in args.from_csv] or sorted(runs_dir.glob("*.csv"))
         if not paths:

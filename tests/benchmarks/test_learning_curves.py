@@ -304,3 +304,45 @@ def test_committed_runs_reproduce_the_committed_table(task: str, tmp_path: Path)
         shutil.copy(path, runs / path.name)
     from_csv(tmp_path, task, int(window.group(1)))
     assert (tmp_path / task / "learning_curves.md").read_text() == expected
+
+
+def test_missing_runs_are_the_protocol_seeds_without_a_finished_csv(tmp_path: Path) -> None:
+    """Every estimator on the maze (the ablations only on the hard task), 8 seeds; a .partial is not finished."""
+    runs = write_runs(tmp_path)
+    write_run(runs / "gagpo_seed3.csv.partial", run_rows("gagpo", 3, [1.0]))
+    rest = [4, 5, 6, 7]
+    assert lc.missing_runs(runs, "maze") == {
+        "gagpo": [3, *rest],
+        "gigpo": list(range(8)),
+        "grpo": [0, *rest],
+        "rloo": list(range(7)),
+        "ppo": [1, 2, 3, *rest],
+    }
+    hard = lc.missing_runs(write_runs(tmp_path, "hard"), "hard")
+    assert list(hard) == [*lc.ESTIMATORS, *lc.ABLATIONS] and hard["gagpo-lam0"] == list(range(8))
+
+
+def test_missing_report_gives_one_command_per_seed_and_the_hours_left(tmp_path: Path) -> None:
+    runs = tmp_path / "maze" / "runs"
+    rows = run_rows("gagpo", 0, [0.5, 1.0])
+    rows[-1]["wall_s"] = 7200.0  # a run's wall time is its last row's
+    write_run(runs / "gagpo_seed0.csv", rows)
+    report = lc.missing_report(runs, "maze", 100, num_cpus=2).splitlines()
+    assert report[0] == "maze: 1 of 40 protocol runs finished (8 seeds each)"
+    prefix = "python benchmarks/learning_curves.py --task maze --iterations 100"
+    assert report[1] == f"{prefix} --seeds 0 --estimators gigpo grpo rloo ppo"
+    assert report[2:9] == [
+        f"{prefix} --seeds {s} --estimators gagpo gigpo grpo rloo ppo" for s in range(1, 8)
+    ]
+    # 39 runs x 2 h (the only finished run's wall time), 2 at once
+    assert report[9] == "about 39.0 h at 2 runs in parallel"
+    assert len(report) == 10
+
+
+def test_missing_with_every_run_present_says_so(tmp_path: Path) -> None:
+    runs = tmp_path / "maze" / "runs"
+    for est in lc.ESTIMATORS:
+        for seed in lc.PROTOCOL_SEEDS:
+            write_run(runs / f"{est}_seed{seed}.csv", run_rows(est, seed, [0.5]))
+    assert lc.missing_runs(runs, "maze") == {}
+    assert lc.missing_report(runs, "maze", 100, 2) == "maze: 40 of 40 protocol runs finished (8 seeds each)"
