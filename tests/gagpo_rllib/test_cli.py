@@ -11,37 +11,29 @@ import ray
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gagpo_rllib.cli import build_parser, main
+from tests.gagpo_rllib.train_files import tiny_maze_train_file
 
-TRAIN_FILE = """
-from envs.maze import MazeEnv
-from gagpo_rllib.algorithm import GAGPOConfig
+RECORD_START = """
+config = config.callbacks(on_algorithm_init=record_start)
+stop = {"training_iteration": 5}
+"""
 
-config = (
-    GAGPOConfig()
-    .environment(MazeEnv, env_config={{"split": "train", "num_tasks": 4}})
-    .env_runners(num_env_runners=0)
-    .gagpo(model_path={model!r}, group_size=2, groups_per_iteration=2, constrained_decoding=True,
-           max_new_tokens=8, max_steps=6)
-    .training(lr=5e-4, minibatch_size=512)
-    .debugging(seed=0)
-)
 
+def record_start_callback(starts: Path) -> str:
+    """The file's own start-up callback: it appends the env steps the algorithm holds when it runs."""
+    return f"""
 
 def record_start(algorithm, **kwargs):
-    # The file's own start-up callback: the env steps the algorithm holds when it runs.
     steps = algorithm.metrics.peek(("env_runners", "num_env_steps_sampled_lifetime"), default=0)
-    with open({starts!r}, "a") as handle:
+    with open({str(starts)!r}, "a") as handle:
         handle.write(f"{{int(steps)}}\\n")
-
-
-config = config.callbacks(on_algorithm_init=record_start)
-stop = {{"training_iteration": 5}}
 """
 
 
 def write_train_file(folder: Path, model: Path) -> Path:
     path = folder / "maze_tiny.py"
-    path.write_text(TRAIN_FILE.format(model=str(model), starts=str(folder / "starts.txt")))
+    starts = folder / "starts.txt"
+    path.write_text(tiny_maze_train_file(model, head=record_start_callback(starts), tail=RECORD_START))
     return path
 
 
@@ -172,12 +164,10 @@ def test_train_file_checkpoints_and_restores(
         main(["train", "file", str(train_file), "--restore", str(tmp_path / "nope")])
 
 
-FLAKY_TRAIN_FILE = """
+FLAKY_HEAD = """
 from pathlib import Path
 
-from envs.maze import MazeEnv
 from envs.maze.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
-from gagpo_rllib.algorithm import GAGPOConfig
 
 MARKER = Path({marker!r})
 
@@ -198,20 +188,17 @@ def arm_after_iteration_1(algorithm, result, **kwargs):
 def disarm_on_restart(algorithm, **kwargs):
     if MARKER.exists() and MARKER.read_text() == "armed":
         MARKER.write_text("restarted")
-
-
-config = (
-    GAGPOConfig()
-    .environment(FlakyMaze, env_config={{"split": "train", "num_tasks": 4}})
-    .env_runners(num_env_runners=0)
-    .gagpo(model_path={model!r}, group_size=2, groups_per_iteration=2, constrained_decoding=True,
-           max_new_tokens=8, max_steps=6, prompt_template=PROMPT_TEMPLATE,
-           first_prompt_template=FIRST_PROMPT_TEMPLATE)
-    .training(lr=5e-4, minibatch_size=512)
-    .callbacks(on_train_result=arm_after_iteration_1, on_algorithm_init=disarm_on_restart)
-    .debugging(seed=0)
-)
 """
+
+
+def flaky_train_file(marker: Path, model: Path) -> str:
+    return tiny_maze_train_file(
+        model,
+        env="FlakyMaze",
+        head=FLAKY_HEAD.format(marker=str(marker)),
+        gagpo=", prompt_template=PROMPT_TEMPLATE, first_prompt_template=FIRST_PROMPT_TEMPLATE",
+        config_tail="\n    .callbacks(on_train_result=arm_after_iteration_1, on_algorithm_init=disarm_on_restart)",
+    )
 
 
 def test_max_failures_restarts_a_failed_trial_from_its_checkpoint(
@@ -219,7 +206,7 @@ def test_max_failures_restarts_a_failed_trial_from_its_checkpoint(
 ) -> None:
     marker = tmp_path / "fault"
     train_file = tmp_path / "flaky.py"
-    train_file.write_text(FLAKY_TRAIN_FILE.format(marker=str(marker), model=str(tiny_policy_path)))
+    train_file.write_text(flaky_train_file(marker, tiny_policy_path))
     storage = tmp_path / "results"
     args = ["train", "file", str(train_file), "--stop", '{"training_iteration": 3}', "--checkpoint-freq", "1"]
     args += ["--storage-path", str(storage), "--name", "flaky", "--max-failures", "1"]

@@ -15,21 +15,9 @@ import urllib.request
 from pathlib import Path
 
 from gagpo_rllib.ray_metrics import gauge_name, metric_values
+from tests.gagpo_rllib.train_files import tiny_maze_train_file
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAIN_FILE = """
-from envs.maze import MazeEnv
-from gagpo_rllib.algorithm import GAGPOConfig
-
-config = (
-    GAGPOConfig()
-    .environment(MazeEnv, env_config={{"split": "train", "num_tasks": 4}})
-    .env_runners(num_env_runners=0)
-    .gagpo(model_path={model!r}, group_size=2, groups_per_iteration=2, constrained_decoding=True,
-           max_new_tokens=8, max_steps=6)
-    .training(lr=5e-4, minibatch_size=512)
-)
-"""
 EXPECTED = (
     "ray_gagpo_success_rate",
     "ray_gagpo_generated_tokens_per_s",
@@ -82,7 +70,7 @@ def scrape(dashboard: str) -> dict[str, float]:
 
 def test_dashboard_exposes_gagpo_metrics_while_training(tmp_path: Path, tiny_policy_path: Path) -> None:
     train_file = tmp_path / "maze_tiny.py"
-    train_file.write_text(TRAIN_FILE.format(model=str(tiny_policy_path)))
+    train_file.write_text(tiny_maze_train_file(tiny_policy_path))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     command = [
         sys.executable,

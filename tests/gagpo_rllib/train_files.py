@@ -1,0 +1,34 @@
+"""Train files for ``rllib train file`` tests: the built-in maze, 2 groups of 2 rollouts, 6 steps, seed 0."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def tiny_maze_train_file(
+    model: Path,
+    *,
+    env: str = "MazeEnv",
+    head: str = "",
+    gagpo: str = "",
+    config_tail: str = "",
+    tail: str = "",
+) -> str:
+    """The file's text: ``head`` (imports, env classes, callbacks) after the usual imports, then ``config``;
+    ``gagpo`` adds keyword arguments to ``.gagpo(...)``, ``config_tail`` calls after ``.debugging``, ``tail``
+    lines after the config (``stop``, more callbacks)."""
+    return f"""
+from envs.maze import MazeEnv
+from gagpo_rllib.algorithm import GAGPOConfig
+{head}
+
+config = (
+    GAGPOConfig()
+    .environment({env}, env_config={{"split": "train", "num_tasks": 4}})
+    .env_runners(num_env_runners=0)
+    .gagpo(model_path={str(model)!r}, group_size=2, groups_per_iteration=2, constrained_decoding=True,
+           max_new_tokens=8, max_steps=6{gagpo})
+    .training(lr=5e-4, minibatch_size=512)
+    .debugging(seed=0){config_tail}
+)
+{tail}"""
