@@ -20,6 +20,18 @@ TRAIN_ENGINE_MEMORY = 0.4  # share of a GPU for the training rollouts' vLLM engi
 VALID_ENGINE_MEMORY = 0.15  # and for the validation engine, which plays beside it
 
 
+def _gpus_from_env() -> int:
+    """``GAGPO_GPUS`` (unset: 0), an error naming it when it is not a whole number >= 0."""
+    raw = os.environ.get("GAGPO_GPUS", "0")
+    try:
+        gpus = int(raw)
+    except ValueError:
+        gpus = -1
+    if gpus < 0:
+        raise ValueError(f"GAGPO_GPUS: the number of GPUs, an int >= 0, got {raw!r}")
+    return gpus
+
+
 def _gpus_each(num_gpus: int, num_learners: int, num_env_runners: int) -> float:
     """GPUs per learner and per EnvRunner: an even split, the local learner counting as one; at most 1 each."""
     if num_gpus <= 0:
@@ -46,7 +58,7 @@ def paper_config(
     seed: int = 0,
 ) -> GAGPOConfig:
     """The paper's set-up on ``env``; ``num_gpus`` None reads ``GAGPO_GPUS`` (0: CPU, HF rollouts, float32)."""
-    gpus = int(os.environ.get("GAGPO_GPUS", "0")) if num_gpus is None else num_gpus
+    gpus = _gpus_from_env() if num_gpus is None else num_gpus
     on_gpu = gpus > 0
     gpu_each = _gpus_each(gpus, num_learners, num_env_runners)
     config = (

@@ -48,3 +48,10 @@ def test_without_gpus_it_trains_on_cpu_with_hf_rollouts(tiny_policy_path, monkey
     assert env_config == {"split": "train"}
     monkeypatch.setenv("GAGPO_GPUS", "1")
     assert _config(tiny_policy_path).backend == "vllm"
+
+
+@pytest.mark.parametrize("value", ["one", "1.5", "-1"])
+def test_a_bad_gagpo_gpus_is_an_error_naming_it(tiny_policy_path, monkeypatch, value) -> None:
+    monkeypatch.setenv("GAGPO_GPUS", value)
+    with pytest.raises(ValueError, match=f"GAGPO_GPUS: the number of GPUs, an int >= 0, got '{value}'"):
+        _config(tiny_policy_path)
