@@ -20,16 +20,17 @@ TRAIN_ENGINE_MEMORY = 0.4  # share of a GPU for the training rollouts' vLLM engi
 VALID_ENGINE_MEMORY = 0.15  # and for the validation engine, which plays beside it
 
 
-def _gpus_from_env() -> int:
-    """``GAGPO_GPUS`` (unset: 0), an error naming it when it is not a whole number >= 0."""
-    raw = os.environ.get("GAGPO_GPUS", "0")
+def count_from_env(name: str, default: int, what: str) -> int:
+    """The environment variable ``name`` (unset: ``default``) as a count, an error naming it when it is not a
+    whole number >= 0 (``int()`` alone would give a bare "invalid literal" error, and a negative count a bad set-up)."""
+    raw = os.environ.get(name, str(default))
     try:
-        gpus = int(raw)
+        count = int(raw)
     except ValueError:
-        gpus = -1
-    if gpus < 0:
-        raise ValueError(f"GAGPO_GPUS: the number of GPUs, an int >= 0, got {raw!r}")
-    return gpus
+        count = -1
+    if count < 0:
+        raise ValueError(f"{name}: {what}, an int >= 0, got {raw!r}")
+    return count
 
 
 def _gpus_each(num_gpus: int, num_learners: int, num_env_runners: int) -> float:
@@ -58,7 +59,7 @@ def paper_config(
     seed: int = 0,
 ) -> GAGPOConfig:
     """The paper's set-up on ``env``; ``num_gpus`` None reads ``GAGPO_GPUS`` (0: CPU, HF rollouts, float32)."""
-    gpus = _gpus_from_env() if num_gpus is None else num_gpus
+    gpus = count_from_env("GAGPO_GPUS", 0, "the number of GPUs") if num_gpus is None else num_gpus
     on_gpu = gpus > 0
     gpu_each = _gpus_each(gpus, num_learners, num_env_runners)
     config = (

@@ -48,8 +48,8 @@ POLICY_DIR = Path(
     os.environ.get("GAGPO_TINY_ALFWORLD_DIR", Path.home() / ".cache" / "gagpo_rllib" / "tiny_alfworld_policy")
 )
 # Learners (DDP, whole groups each) and EnvRunners (one rollout backend each): README "Scaling out".
-NUM_LEARNERS = int(os.environ.get("GAGPO_NUM_LEARNERS", "0"))
-NUM_ENV_RUNNERS = int(os.environ.get("GAGPO_NUM_ENV_RUNNERS", "1"))
+NUM_LEARNERS = paper_setup.count_from_env("GAGPO_NUM_LEARNERS", 0, "the number of remote learners")
+NUM_ENV_RUNNERS = paper_setup.count_from_env("GAGPO_NUM_ENV_RUNNERS", 1, "the number of EnvRunners")
 
 
 def env_class() -> type:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gagpo_rllib.paper_setup import paper_config
+from gagpo_rllib.paper_setup import count_from_env, paper_config
 from tests.gagpo_rllib.toy_env import CorridorEnv
 
 
@@ -55,3 +55,15 @@ def test_a_bad_gagpo_gpus_is_an_error_naming_it(tiny_policy_path, monkeypatch, v
     monkeypatch.setenv("GAGPO_GPUS", value)
     with pytest.raises(ValueError, match=f"GAGPO_GPUS: the number of GPUs, an int >= 0, got '{value}'"):
         _config(tiny_policy_path)
+
+
+@pytest.mark.parametrize("name", ["GAGPO_NUM_LEARNERS", "GAGPO_NUM_ENV_RUNNERS"])
+def test_a_bad_learner_or_runner_count_is_an_error_naming_it(monkeypatch, name) -> None:
+    monkeypatch.delenv(name, raising=False)
+    assert count_from_env(name, 1, "a count") == 1
+    monkeypatch.setenv(name, "2")
+    assert count_from_env(name, 1, "a count") == 2
+    for value in ("two", "-1"):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=f"{name}: a count, an int >= 0, got '{value}'"):
+            count_from_env(name, 1, "a count")
