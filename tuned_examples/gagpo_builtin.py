@@ -48,9 +48,6 @@ def make_config(
             history_length=2,
             kl_coeff=0.01,
             entropy_coeff=0.01,
-            # Cache-sized chunks: on one CPU thread the tiny policy's forward and backward run faster over
-            # 4,096-token chunks than over the default 16,384 (benchmarks/bench_iteration.py).
-            train_chunk_tokens=4096,
         )
         .training(lr=5e-4, num_epochs=1, minibatch_size=512, grad_clip=1.0)
         .debugging(seed=seed)
