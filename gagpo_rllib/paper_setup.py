@@ -14,7 +14,7 @@ from typing import Any
 from gagpo_rllib.algorithm import GAGPOConfig
 from gagpo_rllib.evaluation import EvalSettings, with_validation
 
-__all__ = ["paper_config"]
+__all__ = ["count_from_env", "paper_config", "scale_out_from_env"]
 
 TRAIN_ENGINE_MEMORY = 0.4  # share of a GPU for the training rollouts' vLLM engine
 VALID_ENGINE_MEMORY = 0.15  # and for the validation engine, which plays beside it
@@ -31,6 +31,15 @@ def count_from_env(name: str, default: int, what: str) -> int:
     if count < 0:
         raise ValueError(f"{name}: {what}, an int >= 0, got {raw!r}")
     return count
+
+
+def scale_out_from_env() -> tuple[int, int]:
+    """(remote learners, EnvRunners) from ``GAGPO_NUM_LEARNERS`` (unset: 0) and ``GAGPO_NUM_ENV_RUNNERS`` (unset: 1),
+    the counts the paper-setup tuned examples scale out to (README "Scaling out")."""
+    return (
+        count_from_env("GAGPO_NUM_LEARNERS", 0, "the number of remote learners"),
+        count_from_env("GAGPO_NUM_ENV_RUNNERS", 1, "the number of EnvRunners"),
+    )
 
 
 def _gpus_each(num_gpus: int, num_learners: int, num_env_runners: int) -> float:

@@ -48,8 +48,7 @@ POLICY_DIR = Path(
     os.environ.get("GAGPO_TINY_ALFWORLD_DIR", Path.home() / ".cache" / "gagpo_rllib" / "tiny_alfworld_policy")
 )
 # Learners (DDP, whole groups each) and EnvRunners (one rollout backend each): README "Scaling out".
-NUM_LEARNERS = paper_setup.count_from_env("GAGPO_NUM_LEARNERS", 0, "the number of remote learners")
-NUM_ENV_RUNNERS = paper_setup.count_from_env("GAGPO_NUM_ENV_RUNNERS", 1, "the number of EnvRunners")
+NUM_LEARNERS, NUM_ENV_RUNNERS = paper_setup.scale_out_from_env()
 
 
 def env_class() -> type:

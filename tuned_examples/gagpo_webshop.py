@@ -36,8 +36,7 @@ POLICY_DIR = Path(
     os.environ.get("GAGPO_TINY_WEBSHOP_DIR", Path.home() / ".cache" / "gagpo_rllib" / "tiny_webshop_policy")
 )
 # Learners (DDP, whole groups each) and EnvRunners (one rollout backend each): README "Scaling out".
-NUM_LEARNERS = paper_setup.count_from_env("GAGPO_NUM_LEARNERS", 0, "the number of remote learners")
-NUM_ENV_RUNNERS = paper_setup.count_from_env("GAGPO_NUM_ENV_RUNNERS", 1, "the number of EnvRunners")
+NUM_LEARNERS, NUM_ENV_RUNNERS = paper_setup.scale_out_from_env()
 ENV_CONFIG = {"split": "train", "strip_instruction": True}
 # The GiGPO reference's goals: train on [500:], validate on [:500] (WebShop's own baselines: test [:500]).
 PAPER_ENV_CONFIG = {**ENV_CONFIG, "split_scheme": "gigpo"}

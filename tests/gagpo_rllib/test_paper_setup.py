@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gagpo_rllib.paper_setup import count_from_env, paper_config
+from gagpo_rllib.paper_setup import count_from_env, paper_config, scale_out_from_env
 from tests.gagpo_rllib.toy_env import CorridorEnv
 
 
@@ -67,3 +67,17 @@ def test_a_bad_learner_or_runner_count_is_an_error_naming_it(monkeypatch, name) 
         monkeypatch.setenv(name, value)
         with pytest.raises(ValueError, match=f"{name}: a count, an int >= 0, got '{value}'"):
             count_from_env(name, 1, "a count")
+
+
+def test_scale_out_reads_both_counts_and_names_a_bad_one(monkeypatch) -> None:
+    monkeypatch.delenv("GAGPO_NUM_LEARNERS", raising=False)
+    monkeypatch.delenv("GAGPO_NUM_ENV_RUNNERS", raising=False)
+    assert scale_out_from_env() == (0, 1)
+    monkeypatch.setenv("GAGPO_NUM_LEARNERS", "2")
+    monkeypatch.setenv("GAGPO_NUM_ENV_RUNNERS", "4")
+    assert scale_out_from_env() == (2, 4)
+    monkeypatch.setenv("GAGPO_NUM_ENV_RUNNERS", "four")
+    with pytest.raises(
+        ValueError, match="GAGPO_NUM_ENV_RUNNERS: the number of EnvRunners, an int >= 0, got 'four'"
+    ):
+        scale_out_from_env()
