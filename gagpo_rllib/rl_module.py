@@ -252,7 +252,8 @@ class LLMRLModule(TorchRLModule):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Log-probs of the rows over length-sorted chunks of their distinct prompts, back in row order and
         right-padded to ``width``. A prompt shared by several rows (one state, different actions) is forwarded
-        once (``shared_prompt_logprobs``); a chunk whose rows all have their own prompt takes one plain forward.
+        once, and the prompt positions skip what only their own outputs need (``shared_prompt_logprobs``); with
+        gradient checkpointing, which turns the KV cache off, every row takes one plain forward.
         """
         shared = unique_rows([tuple(p) for p in prompts])
         prompt_of = shared.inverse.tolist()
@@ -270,7 +271,7 @@ class LLMRLModule(TorchRLModule):
         for chunk in length_chunks([len(p) for p in distinct], self.train_chunk_tokens):
             rows = [row for j in chunk for row in rows_of[j]]
             sub = [masks[r] for r in rows] if masks is not None else None
-            if share and len(rows) > len(chunk):
+            if share:
                 local = {j: k for k, j in enumerate(chunk)}
                 out = shared_prompt_logprobs(
                     model,

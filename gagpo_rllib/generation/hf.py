@@ -24,7 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gagpo_rllib.generation.base import GenerationBackend, GenerationOutput, SamplingConfig, Seed, row_seeds
 from gagpo_rllib.generation.constraints import ActionTrie, action_token_ids, end_token_id
-from gagpo_rllib.logprobs import cache_keyword, kv_cache, left_pad, scaled_logprobs
+from gagpo_rllib.logprobs import cache_keyword, kv_cache, left_pad, prompt_cache, scaled_logprobs
 from gagpo_rllib.unique_rows import unique_rows
 
 __all__ = ["HFGenerationBackend"]
@@ -157,12 +157,16 @@ class HFGenerationBackend(GenerationBackend):
         done = [False] * bsz
         finished = [False] * bsz
         position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
+        # the prefill as the learner's: all but the last prompt token into the cache, then the last token's logits
+        extra = {}
+        if input_ids.shape[1] > 1:
+            extra[cache_keyword(self.model)] = prompt_cache(self.model, input_ids[:, :-1], attn[:, :-1])
         out = self.model(
-            input_ids=input_ids,
+            input_ids=input_ids[:, -1:],
             attention_mask=attn,
-            position_ids=position_ids,
+            position_ids=position_ids[:, -1:],
             use_cache=True,
-            logits_to_keep=1,
+            **extra,
         )
         logits, cache = out.logits[:, -1, :], kv_cache(out)
         if rows is not None:

@@ -203,3 +203,52 @@ def test_shared_prompt_forward_equals_the_per_row_forward_with_its_gradient(
     g_plain = torch.autograd.grad((plain[0] * weights).sum() + plain[2].sum(), params)
     for a, b in zip(g_shared, g_plain, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prompt_forward_runs_the_last_mlp_on_one_prompt_token_per_row(
+    backend: HFGenerationBackend,
+) -> None:
+    """Only the last prompt token and the action tokens reach the last layer's MLP; the other prompt positions
+    contribute their keys and values only, and the log-probs and gradients stay those of the plain forward."""
+    from gagpo_rllib.logprobs import shared_prompt_logprobs
+
+    tok, model = backend.tokenizer, backend.model
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in _prompts(tok)] + [
+        [tok.pad_token_id + 1]
+    ]
+    prompt_of = [0, 1, 2, 3, 4, 1]
+    actions = [
+        action_token_ids(tok, ["go north", "open door", "look", "wait", "go", "go"])[k] for k in range(6)
+    ]
+    seen: dict[str, int] = {}
+
+    def count(name: str):
+        def hook(module, args, output) -> None:
+            seen[name] = seen.get(name, 0) + int(args[0].shape[0] * args[0].shape[1])
+
+        return hook
+
+    layers = model.model.layers
+    handles = [
+        layers[-1].mlp.register_forward_hook(count("last")),
+        layers[0].mlp.register_forward_hook(count("first")),
+    ]
+    kw = dict(pad_token_id=tok.pad_token_id, temperature=0.8, with_entropy=True)
+    try:
+        shared = shared_prompt_logprobs(model, prompts, prompt_of, actions, **kw)
+    finally:
+        for h in handles:
+            h.remove()
+    width = max(len(p) for p in prompts)
+    alen = max(len(a) for a in actions)
+    assert seen["last"] == len(actions) * alen  # per row: its last prompt token and alen - 1 action tokens
+    assert seen["first"] == len(prompts) * (width - 1) + len(actions) * alen
+    assert isinstance(layers[-1].mlp, type(layers[0].mlp))  # the MLP is back after the forward
+    plain = action_logprobs(model, [prompts[j] for j in prompt_of], actions, **kw)
+    for a, b in zip(shared, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    g_shared = torch.autograd.grad(shared[0].sum() + shared[2].sum(), params)
+    g_plain = torch.autograd.grad(plain[0].sum() + plain[2].sum(), params)
+    for a, b in zip(g_shared, g_plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -11,6 +11,7 @@ from ray.rllib.core.columns import Columns
 
 from envs.spaces import TextSpace
 from gagpo_rllib.generation.constraints import action_token_ids
+from gagpo_rllib.logprobs import cache_keyword
 from gagpo_rllib.rl_module import (
     ACTION_IDS,
     ACTION_LOGP,
@@ -149,10 +150,14 @@ def _repeat_rows(batch: dict, rows: list[int]) -> dict:
     return {k: v[torch.as_tensor(rows)] for k, v in batch.items()}
 
 
-def _rows_forwarded(model: torch.nn.Module) -> tuple[list[int], object]:
-    seen: list[int] = []
+def _rows_forwarded(model: torch.nn.Module) -> tuple[list[tuple[int, bool]], object]:
+    """Per forward of ``model``: (rows, whether it continues a KV cache). A forward without a cache reads prompts;
+    one with a cache reads the rows' last prompt token and action tokens."""
+    seen: list[tuple[int, bool]] = []
+    keyword = cache_keyword(model)
     hook = model.register_forward_pre_hook(
-        lambda m, a, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True
+        lambda m, a, kw: seen.append((kw["input_ids"].shape[0], kw.get(keyword) is not None)),
+        with_kwargs=True,
     )
     return seen, hook
 
@@ -171,7 +176,7 @@ def test_repeated_rows_are_forwarded_once_with_the_whole_batch_values_and_gradie
     seen, hook = _rows_forwarded(learner_side.model)
     fwd = learner_side.forward_train(batch)
     hook.remove()
-    assert sum(seen) == 3  # the three distinct rows, not the seven
+    assert seen == [(3, False), (3, True)]  # the three distinct rows, not the seven
     assert float(fwd["unique_row_share"]) == pytest.approx(3 / 7)
 
     # the whole batch, row by row, as the learner computed it before repeats were shared
@@ -210,7 +215,7 @@ def test_reference_log_probs_of_rows_seen_before_come_from_the_cache(tiny_policy
     seen, hook = _rows_forwarded(learner_side.reference_model)
     second = learner_side.forward_train(_repeat_rows(batch, [1, 2, 0, 1]))
     hook.remove()
-    assert seen == [1]  # only row 2 is new
+    assert seen == [(1, False), (1, True)]  # only row 2 is new
     assert float(second["reference_cache_hit_share"]) == pytest.approx(2 / 3)
     torch.testing.assert_close(second["ref_logp"][0], first["ref_logp"][1], atol=1e-6, rtol=0)
     torch.testing.assert_close(second["ref_logp"][2], first["ref_logp"][0], atol=1e-6, rtol=0)
@@ -235,8 +240,8 @@ def test_a_prompt_shared_by_several_actions_is_forwarded_once(tiny_policy_path: 
     seen, hook = _rows_forwarded(learner_side.model)
     fwd = learner_side.forward_train(batch)
     hook.remove()
-    assert seen[0] == 2  # the two distinct prompts, then the four rows' actions on copies of their caches
-    assert seen[1:] == [4]
+    # the two distinct prompts, then the four rows' actions on copies of their caches
+    assert seen == [(2, False), (4, True)]
     prompts, actions, masks = unpad_token_batch(batch, learner_side.vocab_size)
     logp, _, entropy = action_logprobs(
         learner_side.model,

@@ -232,7 +232,8 @@ def test_repeated_prompts_give_each_row_what_it_gets_alone(
 def test_the_prefill_runs_once_per_distinct_prompt(
     backend: HFGenerationBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first forward sees only the distinct prompts; the cache is copied to rows only when some repeat."""
+    """The prefill (the prompts' cache, then their last tokens) sees only the distinct prompts; the cache is copied
+    to rows only when some repeat."""
     from transformers import DynamicCache
 
     sizes: list[int] = []
@@ -251,8 +252,8 @@ def test_the_prefill_runs_once_per_distinct_prompt(
         distinct = _prompts(backend.tokenizer, 4)
         cfg = SamplingConfig(max_new_tokens=4)
         backend.generate([distinct[i] for i in REPEATED_ORDER], sampling=cfg, seed=0)
-        assert sizes[0] == 4 and len(sizes) > 1
-        assert set(sizes[1:]) == {len(REPEATED_ORDER)}  # then every row decodes
+        assert sizes[:2] == [4, 4] and len(sizes) > 2
+        assert set(sizes[2:]) == {len(REPEATED_ORDER)}  # then every row decodes
         assert copies == [len(REPEATED_ORDER)]
         sizes.clear()
         copies.clear()
@@ -286,7 +287,9 @@ def test_a_forced_closing_token_takes_no_forward_and_keeps_its_exact_log_prob(
     finally:
         hook.remove()
     (n,) = depth
-    assert len(calls) == n - 1  # the prefill and one forward per chosen token before the forced end token
+    # the prefill's two forwards (the prompts' cache, their last tokens) and one per chosen token before the
+    # forced end token
+    assert len(calls) == n
     for o in outs:
         assert o.finished and tok.decode(o.action_ids, skip_special_tokens=True) in acts
         assert o.action_ids[-1] == tok.eos_token_id and o.logprobs[-1] == 0.0
