@@ -20,7 +20,7 @@ import torch
 from ray.rllib.core.rl_module.apis.inference_only_api import InferenceOnlyAPI
 from torch import Tensor, nn
 
-from gagpo_rllib.logprobs import left_pad
+from gagpo_rllib.logprobs import last_mlp_only_on_last_column, left_pad
 from gagpo_rllib.rl_module import LLMRLModule, unpad_token_batch
 from gagpo_rllib.unique_rows import back_in_order, length_chunks, unique_rows
 
@@ -33,7 +33,8 @@ VALUES = "values"
 def last_token_hidden(trunk: nn.Module, prompt_ids: list[list[int]], *, pad_token_id: int) -> Tensor:
     """The trunk's last hidden state at each prompt's last token: [B, hidden] (prompts left-padded).
 
-    Position ids are cumsum(attention_mask) - 1, as in generation, so padding does not shift the positions.
+    Position ids are cumsum(attention_mask) - 1, as in generation, so padding does not shift the positions. Only the
+    last column is read, so the last layer's MLP runs there alone (``last_mlp_only_on_last_column``).
     """
     if not prompt_ids:
         raise ValueError("prompt_ids: empty batch")
@@ -43,12 +44,13 @@ def last_token_hidden(trunk: nn.Module, prompt_ids: list[list[int]], *, pad_toke
     device = next(trunk.parameters()).device
     input_ids, attn = left_pad(prompt_ids, pad_token_id)
     position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
-    out = trunk(
-        input_ids=input_ids.to(device),
-        attention_mask=attn.to(device),
-        position_ids=position_ids.to(device),
-        use_cache=False,
-    )
+    with last_mlp_only_on_last_column(trunk):
+        out = trunk(
+            input_ids=input_ids.to(device),
+            attention_mask=attn.to(device),
+            position_ids=position_ids.to(device),
+            use_cache=False,
+        )
     return out.last_hidden_state[:, -1, :]
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "action_logprobs",
     "cache_keyword",
     "kv_cache",
+    "last_mlp_only_on_last_column",
     "left_pad",
     "prompt_cache",
     "scaled_logprobs",
@@ -156,7 +157,7 @@ def prompt_cache(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tens
     the cache holds keys and values computed before the MLP), so that MLP is skipped. On the 2-layer CPU policy
     this takes about a fifth off the learner's forward and backward; on a 28-layer model about 2%.
     """
-    with _last_mlp_skipped(model):
+    with last_mlp_only_on_last_column(model, keep_last=False):
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -167,21 +168,39 @@ def prompt_cache(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tens
     return kv_cache(out)
 
 
-class _Zeros(torch.nn.Module):
+class _LastColumnMLP(torch.nn.Module):
+    """An MLP applied at the last column only (``keep_last``) or nowhere; zeros elsewhere."""
+
+    def __init__(self, mlp: torch.nn.Module, keep_last: bool):
+        super().__init__()
+        self.mlp = mlp
+        self.keep_last = keep_last
+
     def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        return torch.zeros_like(hidden_states)
+        if not self.keep_last:
+            return torch.zeros_like(hidden_states)
+        rest = torch.zeros_like(hidden_states[:, :-1])
+        return torch.cat([rest, self.mlp(hidden_states[:, -1:], *args, **kwargs)], dim=1)
 
 
 @contextlib.contextmanager
-def _last_mlp_skipped(model: PreTrainedModel) -> Iterator[None]:
-    """The last decoder layer's ``mlp`` replaced by zeros while the block runs (unchanged where there is none)."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
+def last_mlp_only_on_last_column(model: torch.nn.Module, *, keep_last: bool = True) -> Iterator[None]:
+    """While the block runs, the last decoder layer's MLP runs on the last column only (or, ``keep_last=False``,
+    nowhere); its output elsewhere is zeros.
+
+    Exact wherever only the last column's output and the layers' keys and values are read (a prompt's KV cache, or
+    the hidden state of a left-padded prompt's last token): the last layer's MLP feeds nothing else. ``model`` is a
+    causal LM (``model.model.layers``) or its trunk (``model.layers``); other models run unchanged.
+    """
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        layers = getattr(getattr(model, "model", None), "layers", None)
     layer = layers[-1] if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
     mlp = getattr(layer, "mlp", None)
     if not isinstance(mlp, torch.nn.Module):
         yield
         return
-    layer.mlp = _Zeros()
+    layer.mlp = _LastColumnMLP(mlp, keep_last)
     try:
         yield
     finally:

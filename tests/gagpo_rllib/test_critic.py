@@ -16,7 +16,7 @@ from gagpo_rllib.advantages import critic_gae
 from gagpo_rllib.algorithm import GAGPOConfig
 from gagpo_rllib.connectors.critic_advantages import CriticAdvantages
 from gagpo_rllib.connectors.grouped_advantages import episode_rows
-from gagpo_rllib.critic import CriticRLModule
+from gagpo_rllib.critic import CriticRLModule, last_token_hidden
 from gagpo_rllib.critic_learner import (
     CRITIC_OPTIMIZER,
     GAGPOCriticTorchLearner,
@@ -31,6 +31,7 @@ from gagpo_rllib.evaluation import (
     evaluation_config,
 )
 from gagpo_rllib.export import export_checkpoint
+from gagpo_rllib.logprobs import left_pad
 from gagpo_rllib.rl_module import LLMRLModule
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
@@ -110,6 +111,31 @@ def test_repeated_prompts_take_one_critic_row_each_with_the_per_row_values_and_g
             assert p.grad is None
         else:
             torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_last_token_hidden_runs_the_last_mlp_on_the_last_token_only_with_the_full_forwards_value_and_gradient(
+    tiny_policy_path: Path,
+) -> None:
+    module = _module(tiny_policy_path)
+    trunk = module.critic.trunk
+    tokens: list[int] = []
+    hook = trunk.layers[-1].mlp.register_forward_hook(
+        lambda m, args, out: tokens.append(args[0].shape[:2].numel())
+    )
+    try:
+        hidden = last_token_hidden(trunk, PROMPTS, pad_token_id=module.pad_token_id)
+    finally:
+        hook.remove()
+    assert tokens == [len(PROMPTS)]  # one position per prompt, not the padded width
+    input_ids, attn = left_pad(PROMPTS, module.pad_token_id)
+    full = trunk(input_ids=input_ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_min(0))
+    torch.testing.assert_close(hidden, full.last_hidden_state[:, -1, :], atol=1e-5, rtol=0)
+    weights = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(0))
+    params = list(trunk.parameters())
+    fast = torch.autograd.grad((hidden * weights).sum(), params)
+    plain = torch.autograd.grad((full.last_hidden_state[:, -1, :] * weights).sum(), params)
+    for a, b in zip(fast, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_critic_stays_off_the_env_runner(tiny_policy_path: Path) -> None:
