@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 __all__ = [
     "action_logprobs",
     "cache_keyword",
+    "checkpointing",
     "kv_cache",
     "last_mlp_only_on_last_column",
     "left_pad",
@@ -190,8 +191,12 @@ def last_mlp_only_on_last_column(model: torch.nn.Module, *, keep_last: bool = Tr
 
     Exact wherever only the last column's output and the layers' keys and values are read (a prompt's KV cache, or
     the hidden state of a left-padded prompt's last token): the last layer's MLP feeds nothing else. ``model`` is a
-    causal LM (``model.model.layers``) or its trunk (``model.layers``); other models run unchanged.
+    causal LM (``model.model.layers``) or its trunk (``model.layers``); other models, and models that recompute
+    activations in backward (which would recompute the MLP unchanged), run unchanged.
     """
+    if checkpointing(model):
+        yield
+        return
     layers = getattr(model, "layers", None)
     if layers is None:
         layers = getattr(getattr(model, "model", None), "layers", None)
@@ -256,6 +261,14 @@ def cache_keyword(model: torch.nn.Module) -> str:
 @functools.cache
 def _cache_keyword_of(cls: type) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def checkpointing(model: torch.nn.Module) -> bool:
+    """Whether the model recomputes activations in backward (Hugging Face's flag; its name changed in v5)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
 
 
 def _check_rows(

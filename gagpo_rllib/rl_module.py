@@ -19,7 +19,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 
 from gagpo_rllib.generation.base import GenerationBackend, SamplingConfig
-from gagpo_rllib.logprobs import action_logprobs, shared_prompt_logprobs
+from gagpo_rllib.logprobs import action_logprobs, checkpointing, shared_prompt_logprobs
 from gagpo_rllib.models import load_policy
 from gagpo_rllib.reference_cache import ReferenceLogprobCache
 from gagpo_rllib.unique_rows import back_in_order, length_chunks, row_keys, unique_rows
@@ -262,7 +262,7 @@ class LLMRLModule(TorchRLModule):
         for row, j in enumerate(prompt_of):
             rows_of[j].append(row)
         # Sharing needs the KV cache, which gradient checkpointing turns off.
-        share = not _checkpointing(model)
+        share = not checkpointing(model)
         common = dict(
             pad_token_id=self.pad_token_id, temperature=self.sampling.temperature, with_entropy=with_entropy
         )
@@ -369,11 +369,3 @@ def _numpy(column: Any) -> np.ndarray:
 def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
     """[n, m] -> [n, width] with zeros (masked positions) on the right."""
     return t if t.shape[1] == width else torch.nn.functional.pad(t, (0, width - t.shape[1]))
-
-
-def _checkpointing(model: torch.nn.Module) -> bool:
-    """Whether the model recomputes activations in backward (Hugging Face's flag; its name changed in v5)."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name):
-            return bool(getattr(model, name))
-    return False

@@ -138,6 +138,33 @@ def test_last_token_hidden_runs_the_last_mlp_on_the_last_token_only_with_the_ful
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+def test_a_trunk_that_recomputes_activations_keeps_its_full_last_mlp_and_gradient(
+    tiny_policy_path: Path,
+) -> None:
+    """Gradient checkpointing recomputes each layer in backward with the MLP as it is then: the shortcut is off."""
+    module = _module(tiny_policy_path)
+    trunk = module.critic.trunk
+    trunk.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    trunk.train()
+    tokens: list[int] = []
+    hook = trunk.layers[-1].mlp.register_forward_hook(
+        lambda m, args, out: tokens.append(args[0].shape[:2].numel())
+    )
+    try:
+        hidden = last_token_hidden(trunk, PROMPTS, pad_token_id=module.pad_token_id)
+        width = max(len(p) for p in PROMPTS)
+        assert tokens == [len(PROMPTS) * width]
+        grads = torch.autograd.grad(hidden.sum(), list(trunk.parameters()))
+    finally:
+        hook.remove()
+    trunk.gradient_checkpointing_disable()
+    plain = torch.autograd.grad(
+        last_token_hidden(trunk, PROMPTS, pad_token_id=module.pad_token_id).sum(), list(trunk.parameters())
+    )
+    for a, b in zip(grads, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_critic_stays_off_the_env_runner(tiny_policy_path: Path) -> None:
     learner_side = _module(tiny_policy_path)
     runner_side = _module(tiny_policy_path, inference_only=True)
