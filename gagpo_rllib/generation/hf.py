@@ -158,15 +158,12 @@ class HFGenerationBackend(GenerationBackend):
         finished = [False] * bsz
         position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
         # the prefill as the learner's: all but the last prompt token into the cache, then the last token's logits
-        extra = {}
-        if input_ids.shape[1] > 1:
-            extra[cache_keyword(self.model)] = prompt_cache(self.model, input_ids[:, :-1], attn[:, :-1])
         out = self.model(
             input_ids=input_ids[:, -1:],
             attention_mask=attn,
             position_ids=position_ids[:, -1:],
             use_cache=True,
-            **extra,
+            **prompt_cache(self.model, input_ids, attn),
         )
         logits, cache = out.logits[:, -1, :], kv_cache(out)
         if rows is not None:
