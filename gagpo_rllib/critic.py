@@ -20,7 +20,7 @@ import torch
 from ray.rllib.core.rl_module.apis.inference_only_api import InferenceOnlyAPI
 from torch import Tensor, nn
 
-from gagpo_rllib.logprobs import last_mlp_only_on_last_column, left_pad
+from gagpo_rllib.logprobs import last_mlp_only_on_last_column, left_pad, padded_positions
 from gagpo_rllib.rl_module import LLMRLModule, unpad_token_batch
 from gagpo_rllib.unique_rows import back_in_order, length_chunks, unique_rows
 
@@ -43,7 +43,7 @@ def last_token_hidden(trunk: nn.Module, prompt_ids: list[list[int]], *, pad_toke
             raise ValueError(f"prompt_ids[{b}]: empty prompt")
     device = next(trunk.parameters()).device
     input_ids, attn = left_pad(prompt_ids, pad_token_id)
-    position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
+    position_ids = padded_positions(attn)
     with last_mlp_only_on_last_column(trunk):
         out = trunk(
             input_ids=input_ids.to(device),

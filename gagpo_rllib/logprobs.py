@@ -23,6 +23,7 @@ __all__ = [
     "kv_cache",
     "last_mlp_only_on_last_column",
     "left_pad",
+    "padded_positions",
     "prompt_cache",
     "scaled_logprobs",
     "shared_prompt_logprobs",
@@ -84,7 +85,7 @@ def action_logprobs(
         input_ids[b, plen - len(p) : plen] = torch.as_tensor(p, dtype=torch.long)
         input_ids[b, plen : plen + len(a)] = torch.as_tensor(a, dtype=torch.long)
         attn[b, plen - len(p) : plen + len(a)] = 1
-    position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
+    position_ids = padded_positions(attn)
     targets = input_ids[:, plen:].to(device)
     mask = attn[:, plen:].to(device=device, dtype=torch.float32)
 
@@ -162,7 +163,7 @@ def prompt_cache(
         out = model(
             input_ids=input_ids[:, :-1],
             attention_mask=prefix_mask,
-            position_ids=(prefix_mask.cumsum(-1) - 1).clamp_min(0),
+            position_ids=padded_positions(prefix_mask),
             use_cache=True,
             logits_to_keep=1,
         )
@@ -237,6 +238,12 @@ def _allowed_tensor(
             )
         allowed[b, : m.shape[0]] = m.to(device)
     return allowed
+
+
+def padded_positions(attention_mask: Tensor) -> Tensor:
+    """Position ids of left-padded rows, cumsum(mask) - 1 (0 on padding): generation, the learner and the critic
+    all use these, so a prompt's positions do not depend on how much padding its batch gave it."""
+    return (attention_mask.cumsum(-1) - 1).clamp_min(0)
 
 
 def left_pad(ids: list[list[int]], pad_token_id: int) -> tuple[Tensor, Tensor]:

@@ -24,7 +24,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gagpo_rllib.generation.base import GenerationBackend, GenerationOutput, SamplingConfig, Seed, row_seeds
 from gagpo_rllib.generation.constraints import ActionTrie, action_token_ids, end_token_id
-from gagpo_rllib.logprobs import cache_keyword, kv_cache, left_pad, prompt_cache, scaled_logprobs
+from gagpo_rllib.logprobs import (
+    cache_keyword,
+    kv_cache,
+    left_pad,
+    padded_positions,
+    prompt_cache,
+    scaled_logprobs,
+)
 from gagpo_rllib.unique_rows import unique_rows
 
 __all__ = ["HFGenerationBackend"]
@@ -156,7 +163,7 @@ class HFGenerationBackend(GenerationBackend):
         logps: list[list[float]] = [[] for _ in range(bsz)]
         done = [False] * bsz
         finished = [False] * bsz
-        position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
+        position_ids = padded_positions(attn)
         # the prefill as the learner's: all but the last prompt token into the cache, then the last token's logits
         out = self.model(
             input_ids=input_ids[:, -1:],
