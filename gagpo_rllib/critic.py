@@ -109,7 +109,8 @@ class CriticRLModule(LLMRLModule, InferenceOnlyAPI):
             self.critic = ValueModel(
                 copy.deepcopy(self.model.base_model), hidden, seed=seed, dtype=self.param_dtype
             )
-            self.critic.trunk.requires_grad_(True)
+            if not self.lora:  # under LoRA the copy trains its own adapters only (its base stays frozen)
+                self.critic.trunk.requires_grad_(True)
 
     def get_non_inference_attributes(self) -> list[str]:
         return ["value_head"] if self.share_trunk else ["critic"]
@@ -121,7 +122,7 @@ class CriticRLModule(LLMRLModule, InferenceOnlyAPI):
     def critic_parameters(self) -> list[nn.Parameter]:
         """The parameters only the critic uses (the head, plus the trunk copy unless the trunk is shared)."""
         part = self.value_head if self.share_trunk else self.critic
-        return list(part.parameters())
+        return [p for p in part.parameters() if p.requires_grad]
 
     def state_values(self, prompt_ids: list[list[int]]) -> Tensor:
         """V(s) for each prompt: [B] float32.
