@@ -19,6 +19,7 @@ from torch import nn
 
 __all__ = [
     "ADAPTER",
+    "VLLM_LORA_RANKS",
     "adapters_disabled",
     "apply_lora",
     "is_lora",
@@ -27,6 +28,8 @@ __all__ = [
     "trainable_names",
 ]
 
+# vLLM's max_lora_rank choices (vllm/config/lora.py MaxLoRARanks): an engine is sized to the next one up.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # peft's adapter name (one adapter per model).
 ADAPTER = "default"
 _BASE_INFIX = ".base_layer."

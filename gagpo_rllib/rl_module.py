@@ -36,7 +36,7 @@ from ray.rllib.utils.numpy import convert_to_numpy
 from gagpo_rllib.distributed import agree_max
 from gagpo_rllib.generation.base import GenerationBackend, SamplingConfig
 from gagpo_rllib.logprobs import action_logprobs, checkpointing, shared_prompt_logprobs
-from gagpo_rllib.lora import adapters_disabled, apply_lora, merged_state, trainable_names
+from gagpo_rllib.lora import VLLM_LORA_RANKS, adapters_disabled, apply_lora, merged_state, trainable_names
 from gagpo_rllib.models import load_policy
 from gagpo_rllib.reference_cache import ReferenceLogprobCache
 from gagpo_rllib.unique_rows import back_in_order, length_chunks, row_keys, unique_rows
@@ -110,6 +110,17 @@ class LLMRLModule(TorchRLModule):
         if self.backend_name == "vllm":
             # The engine samples in the policy's dtype: vLLM's "auto" would run a float32 checkpoint in 16 bits.
             self.backend_kwargs.setdefault("dtype", dtype_name)
+        lora_cfg = cfg.get("lora") or {}
+        # vLLM's own LoRA: the runners' engines keep the base and receive only the adapters.
+        self.adapter_sync = (
+            bool(lora_cfg) and lora_cfg.get("sync") == "adapter" and self.backend_name == "vllm"
+        )
+        if self.adapter_sync and self.weights_in_engine:
+            rank = int(lora_cfg["rank"])
+            self.backend_kwargs.setdefault("enable_lora", True)
+            self.backend_kwargs.setdefault("max_loras", 1)
+            self.backend_kwargs.setdefault("max_lora_rank", min(r for r in VLLM_LORA_RANKS if r >= rank))
+        self.lora_scale = (int(lora_cfg["rank"]), float(lora_cfg["alpha"])) if lora_cfg else None
         if self.weights_in_engine:
             if cfg.get("max_prompt_tokens") is not None:
                 longest = max(self.sampling.max_new_tokens, self.eval_sampling.max_new_tokens)
@@ -477,7 +488,13 @@ class LLMRLModule(TorchRLModule):
     def _lora_state(self, inference_only: bool) -> dict[str, Any]:
         """Under LoRA: the merged policy with Hugging Face names in the rollout dtype (``inference_only``, what
         EnvRunners load), else only the trained parameters (adapters, a critic's): the base never changes."""
-        if inference_only:
+        if inference_only and self.adapter_sync:
+            state = {
+                _POLICY_PREFIX + k: v.detach().cpu().to(self.dtype)
+                for k, v in self.model.named_parameters()
+                if ".lora_" in k
+            }
+        elif inference_only:
             state = {_POLICY_PREFIX + k: v.to(self.dtype) for k, v in merged_state(self.model).items()}
         else:
             keep = trainable_names(self)
@@ -497,7 +514,13 @@ class LLMRLModule(TorchRLModule):
                 self._pending_state = state
                 return
             names = [k for k in state if k.startswith(_POLICY_PREFIX)]
-            if names:
+            adapters = [k for k in names if ".lora_" in k]
+            if adapters:  # LoRA with adapter sync: the engine keeps its base weights
+                rank, alpha = self.lora_scale
+                self.backend.update_lora(
+                    {k[len(_POLICY_PREFIX) :]: state[k] for k in adapters}, rank=rank, alpha=alpha
+                )
+            elif names:
                 self.backend.update_weights((k[len(_POLICY_PREFIX) :], state[k]) for k in names)
             return
         if self.sharded:

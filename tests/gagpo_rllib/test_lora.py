@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from envs.spaces import TextSpace
 from gagpo_rllib.algorithm import GAGPO, GAGPOConfig
 from gagpo_rllib.export import export_checkpoint
-from gagpo_rllib.logprobs import action_logprobs
+from gagpo_rllib.logprobs import action_logprobs, cache_keyword
 from gagpo_rllib.lora import merged_state
 from gagpo_rllib.models import load_policy
 from gagpo_rllib.rl_module import ACTION_IDS, ACTION_LOGP, ADMISSIBLE, GEN_SEED, PROMPTS, LLMRLModule
@@ -120,6 +120,41 @@ def test_runner_state_is_the_merged_policy_and_checkpoint_state_the_adapters(tin
         fresh.set_state({k: v for k, v in list(saved.items())[1:]})
 
 
+def test_learner_forwards_run_the_hf_model_with_its_cache_keyword_and_checkpointing(
+    tiny_policy_path: Path,
+) -> None:
+    """The learner calls the Hugging Face model (adapters inside its linear layers), never PeftModel.forward, so the
+    shared-prompt KV cache uses the model's own cache argument; with gradient checkpointing the adapters get
+    gradients and the log-probs are the same."""
+    plain, _ = load_policy(tiny_policy_path)
+    module = _module(tiny_policy_path, inference_only=False)
+    assert type(module.model) is type(plain) and type(module.peft_model).__name__ == "PeftModel"
+    assert cache_keyword(module.model) == cache_keyword(plain)
+    _move_adapters(module)
+    runner_side = _module(tiny_policy_path, inference_only=True)
+    out = runner_side.forward_exploration({PROMPTS: _prompts(runner_side), ADMISSIBLE: ADM, GEN_SEED: 7})
+    batch = _train_batch(out, module, True)
+    shared = module.forward_train(batch)["logp"]
+    checkpointed = LLMRLModule(
+        observation_space=TextSpace(),
+        action_space=TextSpace(),
+        inference_only=False,
+        model_config={
+            "model_path": str(tiny_policy_path),
+            "sampling": {"temperature": 1.0, "max_new_tokens": 6, "constrained": True},
+            "lora": LORA,
+            "gradient_checkpointing": True,
+        },
+    )
+    checkpointed.model.load_state_dict(module.model.state_dict())
+    fwd = checkpointed.forward_train(batch)
+    torch.testing.assert_close(fwd["logp"].detach(), shared.detach(), atol=1e-5, rtol=0)
+    (fwd["logp"] * fwd["mask"]).sum().backward()
+    grads = {n: p.grad for n, p in checkpointed.model.named_parameters() if p.requires_grad}
+    assert grads and all(g is not None and bool(g.abs().sum() > 0) for n, g in grads.items() if "lora_A" in n)
+    assert all(p.grad is None for n, p in checkpointed.model.named_parameters() if ".lora_" not in n)
+
+
 def test_a_bfloat16_lora_learner_keeps_a_bf16_base_and_fp32_adapters(tiny_policy_path: Path) -> None:
     module = LLMRLModule(
         observation_space=TextSpace(),
@@ -152,6 +187,12 @@ def test_a_bfloat16_lora_learner_keeps_a_bf16_base_and_fp32_adapters(tiny_policy
             r"'k_proj', 'lm_head', 'o_proj', 'q_proj', 'up_proj', 'v_proj'\] \(\['attn'\] are not\)",
         ),
         ({"lora_rank": 4, "learner_sharding": "fsdp"}, "learner_sharding must be 'ddp' with lora_rank 4"),
+        ({"lora_rank": 4, "lora_sync": "delta"}, "lora_sync must be one of"),
+        (
+            {"lora_rank": 4, "backend": "vllm", "lora_target_modules": ["q_proj", "lm_head"]},
+            "lora_sync must be 'merged' when lora_target_modules include lm_head",
+        ),
+        ({"lora_rank": 1024, "backend": "vllm"}, "lora_rank must be <= 512 with lora_sync 'adapter'"),
     ],
 )
 def test_bad_lora_settings_are_refused_by_name(tiny_policy_path: Path, fields: dict, message: str) -> None:
@@ -177,7 +218,10 @@ def test_lora_settings_reach_the_module(tiny_policy_path: Path) -> None:
         "alpha": 16.0,
         "dropout": 0.0,
         "target_modules": ["q_proj"],
+        "sync": "merged",  # the HF backend always gets the merged policy
     }
+    assert config.gagpo(backend="vllm").module_model_config()["lora"]["sync"] == "adapter"
+    assert config.gagpo(lora_sync="merged").module_model_config()["lora"]["sync"] == "merged"
     assert GAGPOConfig().module_model_config()["lora"] is None
 
 
