@@ -16,7 +16,9 @@ then lost).
 LoRA (``model_config["lora"]``, ``gagpo_rllib.lora``): the learner loads the base in ``dtype``, frozen, and trains
 peft adapters (float32 unless ``pure_low_precision``). The reference is that base with the adapters disabled (no
 second copy). The module's state holds only the trained parameters (checkpoints: adapters and their optimizer
-state, not the base); what EnvRunners receive is the merged policy under the plain Hugging Face names.
+state, not the base); what EnvRunners receive is the merged policy under the plain Hugging Face names, or, for
+vLLM engines with adapter sync (``lora["sync"] == "adapter"``), the adapters alone, which the engine loads as its
+own LoRA adapter over its unchanged base.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ class LLMRLModule(TorchRLModule):
     (for ``forward_inference``; defaults to ``sampling``), ``reference`` (True: keep the frozen reference copy on
     the learner; False when the KL coefficient is 0, which saves its memory and forward pass),
     ``pure_low_precision`` (False: fp32 master weights on the learner), ``gradient_checkpointing`` (False),
-    ``lora`` (None, or ``{"rank", "alpha", "dropout", "target_modules"}``: train LoRA adapters on the learner).
+    ``lora`` (None, or ``{"rank", "alpha", "dropout", "target_modules", "sync"}``: train LoRA adapters on the
+    learner; ``sync`` "adapter" or "merged": what vLLM engines receive).
     """
 
     def setup(self) -> None:
@@ -486,8 +489,9 @@ class LLMRLModule(TorchRLModule):
         return convert_to_numpy(state)
 
     def _lora_state(self, inference_only: bool) -> dict[str, Any]:
-        """Under LoRA: the merged policy with Hugging Face names in the rollout dtype (``inference_only``, what
-        EnvRunners load), else only the trained parameters (adapters, a critic's): the base never changes."""
+        """Under LoRA, ``inference_only`` (what EnvRunners load, in the rollout dtype): the policy's adapters for
+        vLLM engines with adapter sync, else the merged policy under Hugging Face names. Otherwise (checkpoints)
+        only the trained parameters (adapters, a critic's head): the base never changes."""
         if inference_only and self.adapter_sync:
             state = {
                 _POLICY_PREFIX + k: v.detach().cpu().to(self.dtype)
