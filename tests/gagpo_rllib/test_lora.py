@@ -310,3 +310,20 @@ def test_ppo_with_lora_trains_the_critics_adapters_and_head_only(ray_cluster, ti
         assert all(".lora_" in k or k.startswith("critic.head.") for k in saved)
     finally:
         algo.stop()
+
+
+def test_two_ddp_learners_train_the_same_adapters_on_a_frozen_base(ray_cluster, tiny_maze_config) -> None:
+    def weights(learner) -> dict[str, torch.Tensor]:
+        model = learner.module["default_policy"].unwrapped().model
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    algo = tiny_maze_config(lora_rank=4).learners(num_learners=2).build_algo()
+    try:
+        before = [r.get() for r in algo.learner_group.foreach_learner(weights)][0]
+        algo.train()
+        w0, w1 = [r.get() for r in algo.learner_group.foreach_learner(weights)]
+    finally:
+        algo.stop()
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)  # DDP kept the learners in step
+    assert all(torch.equal(before[k], w0[k]) for k in before if ".lora_" not in k)
+    assert any(not torch.equal(before[k], w0[k]) for k in before if ".lora_" in k)
