@@ -9,6 +9,11 @@ s_t is the turn's prompt, so V(s_t) reads the trunk's last hidden state at the l
 attribute, so EnvRunners (``inference_only``) neither build it nor receive its weights; it is in the learner's
 module state, so checkpoints hold and restore it; ``rllib export`` keeps only the policy's ``model.*`` weights and
 ``rllib evaluate`` builds the plain policy module, so both ignore it.
+
+Under LoRA (``GAGPOConfig.lora_rank``) the critic is LoRA'd like the policy: the separate critic is a copy of the
+LoRA'd trunk whose own adapters and head train (its base stays frozen and, like the policy's, out of the
+checkpoint); the shared trunk's value head reads the policy's adapted trunk, so the value loss trains the policy's
+adapters.
 """
 
 from __future__ import annotations

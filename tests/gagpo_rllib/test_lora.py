@@ -292,22 +292,29 @@ def test_lora_run_trains_only_adapters_starts_each_update_on_policy_and_restores
         assert (expected - load_policy(config.model_path)[0](input_ids=ids).logits).abs().max() > 1e-4
 
 
-def test_ppo_with_lora_trains_the_critics_adapters_and_head_only(ray_cluster, tiny_maze_config) -> None:
-    algo = tiny_maze_config(estimator="ppo", lora_rank=4).build_algo()
+@pytest.mark.parametrize("share_trunk", [False, True])
+def test_ppo_with_lora_trains_adapters_and_the_value_head_only(
+    ray_cluster, tiny_maze_config, share_trunk: bool
+) -> None:
+    """The critic is LoRA'd like the policy: a copy of the LoRA'd trunk training its own adapters (its base frozen
+    and out of the checkpoint), or, with a shared trunk, the value head on the policy's adapted trunk."""
+    algo = tiny_maze_config(estimator="ppo", lora_rank=4, critic_share_trunk=share_trunk).build_algo()
     try:
         module = _learner_module(algo)
-        critic_base = {
-            k: v.clone()
-            for k, v in module.critic.state_dict().items()
-            if ".lora_" not in k and "head" not in k
+        frozen = {
+            k: v.clone() for k, v in module.state_dict().items() if ".lora_" not in k and "head" not in k
         }
-        assert critic_base
+        head = "value_head." if share_trunk else "critic.head."
+        assert any(k.startswith("critic.trunk.") for k in frozen) != share_trunk
         algo.train()
-        after = module.critic.state_dict()
-        assert all(torch.equal(critic_base[k], after[k]) for k in critic_base)
+        after = module.state_dict()
+        assert all(
+            torch.equal(frozen[k], after[k]) for k in frozen
+        )  # every base weight, the critic's included
         saved = module.get_state()
-        assert any(k.startswith("critic.head.") for k in saved)
-        assert all(".lora_" in k or k.startswith("critic.head.") for k in saved)
+        assert any(k.startswith(head) for k in saved)
+        assert all(".lora_" in k or k.startswith(head) for k in saved)
+        assert any(k.startswith("critic.trunk.") and ".lora_" in k for k in saved) != share_trunk
     finally:
         algo.stop()
 
