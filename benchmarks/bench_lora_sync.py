@@ -7,9 +7,9 @@ the adapters, and end when the engine samples with the new policy (checked: its 
 
 - **merged**: W + scale * B @ A for every adapted layer (``gagpo_rllib.lora.merged_state``), all tensors under the
   Hugging Face names into ``reload_weights`` (what ``LLMRLModule`` does today), then a prefix-cache reset.
-- **adapter**: only the adapter tensors, written as a peft folder and loaded in place
-  (``LoRARequest(name, id, folder, load_inplace=True)``), then a prefix-cache reset; every request then carries
-  the LoRA request.
+- **adapter**: only the adapter tensors through ``VLLMGenerationBackend.update_lora`` (written as a peft folder,
+  loaded in place with ``LoRARequest(name, id, folder, load_inplace=True)``, then a prefix-cache reset); every
+  request then carries the LoRA request.
 
 Prints bytes and seconds per sync for each path, their ratio, and the bytes either path would move for Qwen2.5-7B.
 """
@@ -79,7 +79,6 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    from vllm.lora.request import LoRARequest
 
     work = Path(tempfile.mkdtemp(prefix="bench_lora_sync_"))
     os.environ.setdefault("GAGPO_VLLM_FILES", str(work / "vllm_files"))
@@ -94,9 +93,7 @@ def main() -> None:
         seed=0,
     )
     model, tok = load_policy(path)
-    peft_model = apply_lora(
-        model, rank=args.rank, alpha=2 * args.rank, dropout=0.0, target_modules="all-linear"
-    )
+    apply_lora(model, rank=args.rank, alpha=2 * args.rank, dropout=0.0, target_modules="all-linear")
     prompts = [
         tok.apply_chat_template(
             [{"role": "user", "content": "You are in the hall. " * n}],
@@ -116,7 +113,6 @@ def main() -> None:
     )
     backend.generate(prompts[:1], sampling=SamplingConfig(max_new_tokens=2), seed=0)  # warm-up
     results: dict[str, list[tuple[int, float, float]]] = {"merged": [], "adapter": []}
-    adapter_dir = work / "adapter"
     try:
         for r in range(args.rounds):
             perturb(model, r)
@@ -127,18 +123,15 @@ def main() -> None:
             seconds = time.perf_counter() - start
             nbytes = sum(t.numel() * t.element_size() for t in state.values())
             results["merged"].append((nbytes, seconds, engine_distance(backend, model, tok, prompts)))
-            # adapter: only the adapters, loaded in place over the engine's (unchanged) base weights
+            # adapter: only the adapters (what get_state sends under adapter sync), loaded in place by the engine
             start = time.perf_counter()
-            peft_model.save_pretrained(str(adapter_dir))
-            request = LoRARequest("policy", 1, str(adapter_dir), load_inplace=True)
-            backend.llm.llm_engine.add_lora(request)
-            backend.reset_cache()
+            adapters = {n: p.detach().cpu() for n, p in model.named_parameters() if ".lora_" in n}
+            backend.update_lora(adapters, rank=args.rank, alpha=2 * args.rank)
             seconds = time.perf_counter() - start
-            adapters = {n: p for n, p in model.named_parameters() if "lora_" in n}
             nbytes = sum(p.numel() * p.element_size() for p in adapters.values())
             # the engine's base must be the base for the adapter path: put the unmerged base back (not timed)
             backend.update_weights(merged_state_without_adapters(model))
-            dist = engine_distance(backend, model, tok, prompts, lora_request=request)
+            dist = engine_distance(backend, model, tok, prompts, lora_request=backend.lora_request)
             results["adapter"].append((nbytes, seconds, dist))
     finally:
         backend.close()

@@ -262,7 +262,7 @@ class GAGPOConfig(AlgorithmConfig):
             lora_target_modules: "all-linear" (default: every linear layer but the output head) or a list of the
                 model's linear module names (e.g. ["q_proj", "v_proj"]).
             lora_sync: how a vLLM engine receives the policy: "adapter" (default: only the adapters, loaded in place
-                as vLLM's own LoRA adapter; 25x fewer bytes and 35x faster than "merged" on the CPU engine, see
+                as vLLM's own LoRA adapter; 25x fewer bytes and 35-55x faster than "merged" on the CPU engine, see
                 ``benchmarks/bench_lora_sync.py``) or "merged" (W + scale * B @ A under the usual names). The HF
                 backend always receives the merged policy.
             gradient_checkpointing: recompute each decoder layer's activations in backward (memory per token of
