@@ -290,6 +290,15 @@ def test_lora_run_trains_only_adapters_starts_each_update_on_policy_and_restores
         with_adapter = PeftModel.from_pretrained(base_model, str(tmp_path / "adapter"))
         torch.testing.assert_close(with_adapter(input_ids=ids).logits, expected, atol=1e-5, rtol=0)
         assert (expected - load_policy(config.model_path)[0](input_ids=ids).logits).abs().max() > 1e-4
+    # The command: the same, through rllib export --adapter-dir.
+    from gagpo_rllib.cli import main
+
+    assert (
+        main(["export", str(tmp_path / "ckpt"), str(tmp_path / "cli"), "--adapter-dir", str(tmp_path / "a2")])
+        == 0
+    )
+    assert (tmp_path / "cli" / "model.safetensors").is_file()
+    assert (tmp_path / "a2" / "adapter_model.safetensors").is_file()
 
 
 @pytest.mark.parametrize("share_trunk", [False, True])
