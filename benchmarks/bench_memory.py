@@ -9,9 +9,15 @@
    and without gradient checkpointing: per decoder layer and token a*h + b*i + c*kv elements (h hidden, i MLP,
    kv key/value width) and per action token d*V bytes for the fp32 log-prob/entropy over the vocabulary. The
    coefficients are fitted on five small shapes and checked on two others (printed: formula vs measured).
-3. **The per-GPU table** for Qwen2.5-1.5B/7B/14B x {DDP, FSDP over 2/4/8 learners} at the paper's minibatch
-   (64 steps of ``--prompt-tokens`` + ``--action-tokens``): state + one chunk's activations (the learner runs
-   backward chunk by chunk) + FSDP's all-gathered bf16 layers, against 80 GB and 141 GB GPUs.
+3. **The per-GPU table** for Qwen2.5-1.5B/7B/14B x {DDP, FSDP over 2/4/8 learners, LoRA rank ``--lora-rank`` on one
+   learner} at the paper's minibatch (64 steps of ``--prompt-tokens`` + ``--action-tokens``): state + one chunk's
+   activations (the learner runs backward chunk by chunk) + FSDP's all-gathered bf16 layers, against 80 GB and
+   141 GB GPUs.
+
+LoRA (``GAGPOConfig.lora_rank``): the learner holds the bf16 base (2P, also the reference: adapters disabled) and
+fp32 adapters with their gradients and Adam moments (16A, A adapter parameters on every linear kind); measured in 1.
+on the tiny model with peft's adapters, and its table rows use the full-weight activation formula (the saved layer
+inputs under checkpointing are the same; the recomputed layer's adapter inputs add a little).
 """
 
 from __future__ import annotations
@@ -68,6 +74,24 @@ def param_count(layers, hidden, inter, heads, kv, vocab, tied) -> int:
     return layers * (layer + 2 * hidden) + vocab * hidden * (1 if tied else 2) + hidden
 
 
+def lora_param_count(layers, hidden, inter, heads, kv, rank) -> int:
+    """LoRA adapter parameters with rank ``rank`` on q, k, v, o, gate, up, down: rank * (in + out) each."""
+    kv_dim = kv * hidden // heads
+    shapes = [(hidden, hidden), (hidden, kv_dim), (hidden, kv_dim), (hidden, hidden)]
+    shapes += [(hidden, inter), (hidden, inter), (inter, hidden)]
+    return layers * sum(rank * (a + b) for a, b in shapes)
+
+
+def lora_state_bytes(params: int, adapters: int) -> dict[str, float]:
+    """LoRA learner: bf16 base (the reference too), fp32 adapters, their gradients and Adam's two moments."""
+    return {
+        "weights": 2 * params + 4 * adapters,
+        "gradients": 4 * adapters,
+        "optimizer": 8 * adapters,
+        "reference": 0,
+    }
+
+
 def state_bytes(params: int, learners: int = 1) -> dict[str, float]:
     """Per learner: fp32 masters, fp32 gradients, Adam's two fp32 moments, the bf16 reference (sharded by N)."""
     return {
@@ -122,6 +146,40 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
     optim = _train_once(model, ref)
     torch.save(_held(model, ref, optim), f"{out}/{rank}.pt")
     dist.destroy_process_group()
+
+
+def measure_lora_state(rank: int = 8) -> tuple[str, dict, dict]:
+    """(set-up, measured, formula) of a LoRA learner: the tiny model's base in bf16 with peft adapters in fp32;
+    the reference is the base with the adapters disabled (no tensor of its own)."""
+    from gagpo_rllib.lora import adapters_disabled, apply_lora
+
+    torch.manual_seed(0)
+    shape = (2, 64, 256, 2, 2, 2048)
+    base = Qwen2ForCausalLM(_config(*shape, False)).to(torch.bfloat16)
+    params = sum(p.numel() for p in base.parameters())
+    peft_model = apply_lora(base, rank=rank, alpha=2 * rank, dropout=0.0, target_modules="all-linear")
+    trainable = [p for p in base.parameters() if p.requires_grad]
+    optim = torch.optim.Adam(trainable, lr=1e-6)
+    prompts, actions = [[5, 6, 7, 8]] * 2, [[9, 10]] * 2
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, mask, _ = action_logprobs(base, prompts, actions, pad_token_id=0)
+        with torch.no_grad(), adapters_disabled(peft_model):
+            ref_logp, _, _ = action_logprobs(base, prompts, actions, pad_token_id=0)
+    loss, _ = gagpo_policy_loss(logp, logp.detach(), ref_logp, torch.ones(2), mask)
+    loss.backward()
+    optim.step()
+    size = lambda ts: float(sum(t.numel() * t.element_size() for t in ts))  # noqa: E731
+    held = {
+        "weights": size(base.parameters()),
+        "gradients": size(p.grad for p in base.parameters() if p.grad is not None),
+        "optimizer": size(
+            t for s in optim.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()
+        ),
+        "reference": 0.0,  # nothing beyond the base
+    }
+    adapters = lora_param_count(*shape[:5], rank)
+    assert adapters == sum(p.numel() for p in trainable)
+    return f"LoRA rank {rank}, 1 learner", held, lora_state_bytes(params, adapters)
 
 
 def measure_state() -> list[tuple[str, dict, dict]]:
@@ -235,6 +293,15 @@ def gpu_table(args, formulas: dict[bool, ActivationFormula]) -> list[str]:
                 f"| {name} ({params / 1e9:.2f}B) | {setup} | {state / GIB:.1f} | {chunk / GIB:.1f} | "
                 f"{gathered / GIB:.1f} | {total / GIB:.1f} | {fits[0]} | {fits[1]} | {(state + whole) / GIB:.0f} |"
             )
+        adapters = lora_param_count(layers, hidden, inter, heads, kv, args.lora_rank)
+        state = sum(lora_state_bytes(params, adapters).values())
+        total = state + chunk
+        fits = ["yes" if total < cap * 1e9 * 0.92 else "no" for cap in (80, 141)]
+        lines.append(
+            f"| {name} ({params / 1e9:.2f}B) | LoRA r{args.lora_rank} ({adapters / 1e6:.1f}M), 1 learner | "
+            f"{state / GIB:.1f} | {chunk / GIB:.1f} | 0.0 | {total / GIB:.1f} | {fits[0]} | {fits[1]} | "
+            f"{(state + whole) / GIB:.0f} |"
+        )
     return lines
 
 
@@ -245,15 +312,20 @@ def main() -> None:
     parser.add_argument("--chunk-tokens", type=int, default=16384, help="GAGPOConfig.train_chunk_tokens")
     parser.add_argument("--prompt-tokens", type=int, default=1000)
     parser.add_argument("--action-tokens", type=int, default=200)
+    parser.add_argument("--lora-rank", type=int, default=64, help="rank of the LoRA rows (every linear kind)")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    print("1. State each learner holds (bytes), measured vs formula 4P + 4P + 8P + 2P (/N under FSDP)")
+    print(
+        "1. State each learner holds (bytes), measured vs formula 4P + 4P + 8P + 2P (/N under FSDP);"
+        " LoRA: 2P + 4A, 4A, 8A, 0"
+    )
     print("| learner | part | measured | formula | ratio |\n| --- | --- | --- | --- | --- |")
-    for setup, held, formula in measure_state():
+    for setup, held, formula in [*measure_state(), measure_lora_state()]:
         for part in ("weights", "gradients", "optimizer", "reference"):
             print(
-                f"| {setup} | {part} | {held[part]:,.0f} | {formula[part]:,.0f} | {held[part] / formula[part]:.3f} |"
+                f"| {setup} | {part} | {held[part]:,.0f} | {formula[part]:,.0f} | "
+                f"{held[part] / formula[part] if formula[part] else float(held[part] == 0):.3f} |"
             )
 
     print(

@@ -70,6 +70,10 @@ ABLATIONS = {
     "gagpo-lam1": ("gagpo", {"lam": 1.0}),
     "gagpo-nostate": ("gagpo", {"state_key": NO_STATE_KEY}),
 }
+# LoRA instead of full fine-tuning (not part of the protocol): rank 16 on every linear kind, alpha 32, lr 2e-3.
+LORA_VARIANTS = {
+    "gagpo-lora": ("gagpo", {"lora_rank": 16, "lr": 2e-3}),
+}
 # The full protocol: every estimator on both tasks, the ablations on the hard task, 8 seeds each.
 PROTOCOL_SEEDS = tuple(range(8))
 
@@ -88,7 +92,7 @@ HARD_POLICY_DIR = Path(
 
 def variants() -> tuple[str, ...]:
     """Every selectable run name: the estimators, then the GAGPO ablations."""
-    return (*ESTIMATORS, *ABLATIONS)
+    return (*ESTIMATORS, *ABLATIONS, *LORA_VARIANTS)
 
 
 def no_state_grouping(info: dict, episode: object = None) -> str:
@@ -109,11 +113,14 @@ def hard_policy() -> Path:
 def make_run_config(variant: str, seed: int, task: str):
     """The embedded default with the variant's estimator and overrides, on the task's env and policy."""
     example = runpy.run_path(str(ROOT / "tuned_examples" / "gagpo_builtin.py"), run_name="learning_curves")
-    estimator, overrides = ABLATIONS.get(variant, (variant, {}))
+    estimator, overrides = {**ABLATIONS, **LORA_VARIANTS}.get(variant, (variant, {}))
+    overrides = dict(overrides)
     config = example["make_config"](estimator=estimator, seed=seed, num_env_runners=0)
     if TASKS[task]:
         config.environment(env_config={**config.env_config, **TASKS[task]})
         config.gagpo(model_path=str(hard_policy()))
+    if "lr" in overrides:
+        config.training(lr=overrides.pop("lr"))
     if overrides:
         config.gagpo(**overrides)
     return config

@@ -159,6 +159,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", help="output folder")
     p.add_argument("--base-model", default=None, help="the run's starting model, if it has moved")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="saved dtype")
+    p.add_argument(
+        "--adapter-dir", default=None, help="LoRA runs: also write the adapters here (peft's format)"
+    )
 
 
 def _add_sft(sub: argparse._SubParsersAction) -> None:
@@ -358,7 +361,13 @@ def run_sft(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     from gagpo_rllib.export import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out_dir, base_model=args.base_model, dtype=args.dtype)
+    out = export_checkpoint(
+        args.checkpoint,
+        args.out_dir,
+        base_model=args.base_model,
+        dtype=args.dtype,
+        adapter_dir=args.adapter_dir,
+    )
     print(f"exported to {out}")
     for path in sorted(out.iterdir()):
         print(f"  {path.name}")

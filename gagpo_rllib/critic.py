@@ -9,6 +9,11 @@ s_t is the turn's prompt, so V(s_t) reads the trunk's last hidden state at the l
 attribute, so EnvRunners (``inference_only``) neither build it nor receive its weights; it is in the learner's
 module state, so checkpoints hold and restore it; ``rllib export`` keeps only the policy's ``model.*`` weights and
 ``rllib evaluate`` builds the plain policy module, so both ignore it.
+
+Under LoRA (``GAGPOConfig.lora_rank``) the critic is LoRA'd like the policy: the separate critic is a copy of the
+LoRA'd trunk whose own adapters and head train (its base stays frozen and, like the policy's, out of the
+checkpoint); the shared trunk's value head reads the policy's adapted trunk, so the value loss trains the policy's
+adapters.
 """
 
 from __future__ import annotations
@@ -109,7 +114,8 @@ class CriticRLModule(LLMRLModule, InferenceOnlyAPI):
             self.critic = ValueModel(
                 copy.deepcopy(self.model.base_model), hidden, seed=seed, dtype=self.param_dtype
             )
-            self.critic.trunk.requires_grad_(True)
+            if not self.lora:  # under LoRA the copy trains its own adapters only (its base stays frozen)
+                self.critic.trunk.requires_grad_(True)
 
     def get_non_inference_attributes(self) -> list[str]:
         return ["value_head"] if self.share_trunk else ["critic"]
@@ -121,7 +127,7 @@ class CriticRLModule(LLMRLModule, InferenceOnlyAPI):
     def critic_parameters(self) -> list[nn.Parameter]:
         """The parameters only the critic uses (the head, plus the trunk copy unless the trunk is shared)."""
         part = self.value_head if self.share_trunk else self.critic
-        return list(part.parameters())
+        return [p for p in part.parameters() if p.requires_grad]
 
     def state_values(self, prompt_ids: list[list[int]]) -> Tensor:
         """V(s) for each prompt: [B] float32.

@@ -4,6 +4,9 @@ The folder holds config.json, the weights as safetensors, the tokenizer (with it
 generation_config.json carrying the run's decoding settings (temperature, end and pad tokens, no top-k/top-p
 truncation, as the policy was trained). The architecture and tokenizer come from the model the run started from
 (``model_path`` in the checkpoint, or ``base_model`` when that folder has moved); the weights are the checkpoint's.
+
+A LoRA run's checkpoint holds only the adapters: they are put on the base model and merged into its weights, so the
+folder is a plain model; ``adapter_dir`` also writes the adapters in peft's own format (``PeftModel.from_pretrained``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from transformers import GenerationConfig
 
 from gagpo_rllib.evaluation import MODULE_PATH, is_checkpoint
+from gagpo_rllib.lora import apply_lora, merged_state
 from gagpo_rllib.models import load_policy
 
 __all__ = ["export_checkpoint", "module_dir", "read_module_checkpoint"]
@@ -66,10 +70,12 @@ def export_checkpoint(
     *,
     base_model: str | None = None,
     dtype: str | None = None,
+    adapter_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Write the checkpoint's policy to ``out_dir`` as a Hugging Face model folder; returns ``out_dir``.
 
-    ``dtype`` ("float32", "bfloat16", "float16") defaults to the dtype the run trained in.
+    ``dtype`` ("float32", "bfloat16", "float16") defaults to the dtype the run trained in. ``adapter_dir`` (LoRA
+    runs only): also write the adapters there in peft's format.
     """
     model_config, weights = read_module_checkpoint(checkpoint)
     base = base_model or model_config.get("model_path")
@@ -84,6 +90,11 @@ def export_checkpoint(
         raise ValueError(
             f"cannot load the base model {base!r} of this checkpoint ({err}); pass base_model=<folder>"
         ) from err
+    lora = model_config.get("lora")
+    if adapter_dir is not None and not lora:
+        raise ValueError(f"{checkpoint}: adapter_dir is for LoRA runs; this run trained every weight")
+    if lora:
+        weights = _merge_adapters(model, weights, lora, base, adapter_dir)
     result = model.load_state_dict(weights, strict=False)
     # Tied output embeddings may be stored once; anything else missing or unexpected means a different model.
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
@@ -104,6 +115,37 @@ def export_checkpoint(
         json.dumps({"checkpoint": str(Path(checkpoint).resolve()), "base_model": str(base)}, indent=1)
     )
     return out
+
+
+def _merge_adapters(
+    model: torch.nn.Module,
+    adapters: dict[str, torch.Tensor],
+    lora: dict[str, Any],
+    base: str,
+    adapter_dir: str | os.PathLike | None,
+) -> dict[str, torch.Tensor]:
+    """The merged policy (Hugging Face names) of ``model`` with the checkpoint's adapters on it."""
+    peft_model = apply_lora(
+        model,
+        rank=lora["rank"],
+        alpha=lora["alpha"],
+        dropout=lora["dropout"],
+        target_modules=lora["target_modules"],
+    )
+    own = {name for name in model.state_dict() if ".lora_" in name}
+    missing, unexpected = sorted(own - set(adapters)), sorted(set(adapters) - own)
+    if missing or unexpected:
+        raise ValueError(
+            f"the checkpoint's adapters do not fit the base model {base!r} with its LoRA settings {lora}: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    model.load_state_dict(adapters, strict=False)
+    if adapter_dir is not None:
+        peft_model.save_pretrained(str(adapter_dir))
+    weights = merged_state(model)
+    # Back to a plain model: the merged weights are loaded into it by the caller.
+    peft_model.unload()
+    return weights
 
 
 def generation_config(model_config: dict[str, Any], tokenizer: Any) -> GenerationConfig:

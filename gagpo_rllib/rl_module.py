@@ -12,6 +12,13 @@ state) stay in float32 and the forwards run in ``dtype`` under autocast (FSDP: i
 frozen reference is loaded in ``dtype``. EnvRunners load and receive the weights in ``dtype``. With
 ``pure_low_precision`` the learner keeps its weights in ``dtype`` too (an Adam step below bf16's resolution is
 then lost).
+
+LoRA (``model_config["lora"]``, ``gagpo_rllib.lora``): the learner loads the base in ``dtype``, frozen, and trains
+peft adapters (float32 unless ``pure_low_precision``). The reference is that base with the adapters disabled (no
+second copy). The module's state holds only the trained parameters (checkpoints: adapters and their optimizer
+state, not the base); what EnvRunners receive is the merged policy under the plain Hugging Face names, or, for
+vLLM engines with adapter sync (``lora["sync"] == "adapter"``), the adapters alone, which the engine loads as its
+own LoRA adapter over its unchanged base.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from ray.rllib.utils.numpy import convert_to_numpy
 from gagpo_rllib.distributed import agree_max
 from gagpo_rllib.generation.base import GenerationBackend, SamplingConfig
 from gagpo_rllib.logprobs import action_logprobs, checkpointing, shared_prompt_logprobs
+from gagpo_rllib.lora import VLLM_LORA_RANKS, adapters_disabled, apply_lora, merged_state, trainable_names
 from gagpo_rllib.models import load_policy
 from gagpo_rllib.reference_cache import ReferenceLogprobCache
 from gagpo_rllib.unique_rows import back_in_order, length_chunks, row_keys, unique_rows
@@ -70,7 +78,9 @@ class LLMRLModule(TorchRLModule):
     ``backend_kwargs`` (dict), ``sampling`` (``SamplingConfig`` fields for exploration), ``eval_sampling``
     (for ``forward_inference``; defaults to ``sampling``), ``reference`` (True: keep the frozen reference copy on
     the learner; False when the KL coefficient is 0, which saves its memory and forward pass),
-    ``pure_low_precision`` (False: fp32 master weights on the learner), ``gradient_checkpointing`` (False).
+    ``pure_low_precision`` (False: fp32 master weights on the learner), ``gradient_checkpointing`` (False),
+    ``lora`` (None, or ``{"rank", "alpha", "dropout", "target_modules", "sync"}``: train LoRA adapters on the
+    learner; ``sync`` "adapter" or "merged": what vLLM engines receive).
     """
 
     def setup(self) -> None:
@@ -103,6 +113,17 @@ class LLMRLModule(TorchRLModule):
         if self.backend_name == "vllm":
             # The engine samples in the policy's dtype: vLLM's "auto" would run a float32 checkpoint in 16 bits.
             self.backend_kwargs.setdefault("dtype", dtype_name)
+        lora_cfg = cfg.get("lora") or {}
+        # vLLM's own LoRA: the runners' engines keep the base and receive only the adapters.
+        self.adapter_sync = (
+            bool(lora_cfg) and lora_cfg.get("sync") == "adapter" and self.backend_name == "vllm"
+        )
+        if self.adapter_sync and self.weights_in_engine:
+            rank = int(lora_cfg["rank"])
+            self.backend_kwargs.setdefault("enable_lora", True)
+            self.backend_kwargs.setdefault("max_loras", 1)
+            self.backend_kwargs.setdefault("max_lora_rank", min(r for r in VLLM_LORA_RANKS if r >= rank))
+        self.lora_scale = (int(lora_cfg["rank"]), float(lora_cfg["alpha"])) if lora_cfg else None
         if self.weights_in_engine:
             if cfg.get("max_prompt_tokens") is not None:
                 longest = max(self.sampling.max_new_tokens, self.eval_sampling.max_new_tokens)
@@ -115,7 +136,25 @@ class LLMRLModule(TorchRLModule):
 
                 self.tokenizer = load_rollout_tokenizer(self.model_path)
         else:
-            self.model, self.tokenizer = load_policy(self.model_path, dtype=self.param_dtype)
+            lora = cfg.get("lora") if not self.inference_only else None
+            # Under LoRA the base is frozen (and is the reference): it is loaded in the compute dtype.
+            self.model, self.tokenizer = load_policy(
+                self.model_path, dtype=self.dtype if lora else self.param_dtype
+            )
+            if lora:
+                peft_model = apply_lora(
+                    self.model,
+                    rank=lora["rank"],
+                    alpha=lora["alpha"],
+                    dropout=lora["dropout"],
+                    target_modules=lora["target_modules"],
+                )
+                if self.param_dtype != torch.float32:  # pure_low_precision: adapters in dtype too
+                    for p in self.model.parameters():
+                        if p.requires_grad:
+                            p.data = p.data.to(self.param_dtype)
+                # Kept unregistered: it wraps self.model, whose parameters the module already holds.
+                object.__setattr__(self, "_peft", peft_model)
             if not self.inference_only and cfg.get("gradient_checkpointing", False):
                 # Activations are recomputed in backward: memory per token of a layer's input, not its internals.
                 enable_checkpointing(self.model)
@@ -130,7 +169,8 @@ class LLMRLModule(TorchRLModule):
         self.generation_time_s = 0.0
         # Kept outside nn.Module registration: not a parameter, not in the state, not sent to EnvRunners.
         object.__setattr__(self, "_reference", None)
-        if not self.inference_only and cfg.get("reference", True):
+        self.reference_is_base = bool(self.lora and cfg.get("reference", True))
+        if not self.inference_only and cfg.get("reference", True) and not self.lora:
             ref, _ = load_policy(self.model_path, dtype=self.dtype)
             ref.requires_grad_(False)
             object.__setattr__(self, "_reference", ref)
@@ -146,8 +186,32 @@ class LLMRLModule(TorchRLModule):
         return int(self.tokenizer.pad_token_id)
 
     @property
+    def lora(self) -> bool:
+        """Whether the learner trains LoRA adapters (``model_config["lora"]``)."""
+        return getattr(self, "_peft", None) is not None
+
+    @property
+    def peft_model(self) -> Any:
+        """The ``PeftModel`` around ``model`` under LoRA (else None): for disabling, merging, saving adapters."""
+        return getattr(self, "_peft", None)
+
+    @property
     def reference_model(self) -> torch.nn.Module | None:
+        """The frozen reference copy; None without one, and under LoRA, whose reference is ``model`` with its
+        adapters disabled (``reference_context``)."""
         return self._reference
+
+    @property
+    def has_reference(self) -> bool:
+        return self._reference is not None or self.reference_is_base
+
+    def reference_context(self) -> tuple[torch.nn.Module, contextlib.AbstractContextManager]:
+        """(model, context) whose forwards inside the context are the reference policy's."""
+        if self.reference_is_base:
+            return self.model, adapters_disabled(self._peft)
+        if self._reference is None:
+            raise RuntimeError("this module keeps no reference policy (model_config['reference'] is False)")
+        return self._reference, contextlib.nullcontext()
 
     @property
     def started_backend(self) -> GenerationBackend | None:
@@ -254,7 +318,11 @@ class LLMRLModule(TorchRLModule):
             "entropy": entropy[inverse],
             "unique_row_share": torch.tensor(uniq.share),
         }
-        if self._reference is not None:
+        if self.reference_is_base:
+            ref_logp, hit_share = self._reference_logprobs(uniq.keys, prompts, actions, masks, width)
+            out["ref_logp"] = ref_logp[inverse]
+            out["reference_cache_hit_share"] = torch.tensor(hit_share)
+        elif self._reference is not None:
             if next(self._reference.parameters()).device != logp.device:
                 self._reference.to(logp.device)
             ref_logp, hit_share = self._reference_logprobs(uniq.keys, prompts, actions, masks, width)
@@ -272,7 +340,8 @@ class LLMRLModule(TorchRLModule):
     ) -> tuple[torch.Tensor, float]:
         """Reference log-probs [U, width] of the distinct rows (cached rows gathered, the others computed) and
         the share of them the cache held."""
-        device = next(self._reference.parameters()).device
+        model, context = self.reference_context()
+        device = next(model.parameters()).device
         cache = self.reference_cache
         missing = cache.missing(keys)
         todo = set(missing)
@@ -282,9 +351,9 @@ class LLMRLModule(TorchRLModule):
             ref[hit] = cache.gather([keys[j] for j in hit], width, device)
         if missing:
             sub = [masks[j] for j in missing] if masks is not None else None
-            with torch.no_grad():
+            with torch.no_grad(), context:
                 values, _, _ = self._chunked_logprobs(
-                    self._reference,
+                    model,
                     [prompts[j] for j in missing],
                     [actions[j] for j in missing],
                     sub,
@@ -395,6 +464,8 @@ class LLMRLModule(TorchRLModule):
     def get_state(self, *args: Any, inference_only: bool = False, **kwargs: Any) -> dict[str, Any]:
         """RLlib's state; ``inference_only`` (what EnvRunners receive): without learner-only parts, weights cast
         to the rollout ``dtype``. bfloat16 tensors, which numpy cannot hold, stay CPU tensors."""
+        if self.lora and not self.sharded:
+            return self._lora_state(inference_only)
         if self.sharded:
             if not self._gathered:
                 raise RuntimeError(
@@ -417,6 +488,25 @@ class LLMRLModule(TorchRLModule):
             return state
         return convert_to_numpy(state)
 
+    def _lora_state(self, inference_only: bool) -> dict[str, Any]:
+        """Under LoRA, ``inference_only`` (what EnvRunners load, in the rollout dtype): the policy's adapters for
+        vLLM engines with adapter sync, else the merged policy under Hugging Face names. Otherwise (checkpoints)
+        only the trained parameters (adapters, a critic's head): the base never changes."""
+        if inference_only and self.adapter_sync:
+            state = {
+                _POLICY_PREFIX + k: v.detach().cpu().to(self.dtype)
+                for k, v in self.model.named_parameters()
+                if ".lora_" in k
+            }
+        elif inference_only:
+            state = {_POLICY_PREFIX + k: v.to(self.dtype) for k, v in merged_state(self.model).items()}
+        else:
+            keep = trainable_names(self)
+            state = {k: v.detach().cpu() for k, v in self.state_dict().items() if k in keep}
+        if any(v.dtype == torch.bfloat16 for v in state.values()):
+            return state
+        return convert_to_numpy(state)
+
     def set_state(self, state: dict[str, Any]) -> None:
         """Load new weights and push them to the rollout backend (a no-op copy for HF, which shares the model).
 
@@ -428,7 +518,13 @@ class LLMRLModule(TorchRLModule):
                 self._pending_state = state
                 return
             names = [k for k in state if k.startswith(_POLICY_PREFIX)]
-            if names:
+            adapters = [k for k in names if ".lora_" in k]
+            if adapters:  # LoRA with adapter sync: the engine keeps its base weights
+                rank, alpha = self.lora_scale
+                self.backend.update_lora(
+                    {k[len(_POLICY_PREFIX) :]: state[k] for k in adapters}, rank=rank, alpha=alpha
+                )
+            elif names:
                 self.backend.update_weights((k[len(_POLICY_PREFIX) :], state[k]) for k in names)
             return
         if self.sharded:
@@ -437,6 +533,13 @@ class LLMRLModule(TorchRLModule):
             load_full_model_state(self, state)  # every learner loads (a collective), then learner 0 serves it
             self.gather_full_state()
         else:
+            if self.lora:
+                missing = sorted(trainable_names(self) - set(state))
+                if missing:
+                    raise ValueError(
+                        f"LoRA learner: the state lacks {len(missing)} trained parameters (e.g. {missing[:3]}); "
+                        "it was not saved by a LoRA run with the same lora_rank / lora_target_modules"
+                    )
             super().set_state(state)
         if self._backend is not None:
             if self.backend_name != "hf":

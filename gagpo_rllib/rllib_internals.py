@@ -108,6 +108,11 @@ class ChunkedTorchLearner(TorchLearner):
         """Whether the learners shard the module with FSDP (``GAGPOConfig.learner_sharding == "fsdp"``)."""
         return getattr(self.config, "learner_sharding", "ddp") == "fsdp" and world()[0] > 1
 
+    def get_parameters(self, module: Any) -> list[torch.nn.Parameter]:
+        """The parameters that train (``requires_grad``): all of them, or under LoRA the adapters only, so the
+        optimizer, gradient clipping and its checkpointed state see no frozen base weight."""
+        return [p for p in module.parameters() if p.requires_grad]
+
     def _make_module(self):
         module = super()._make_module()
         if self.sharded:

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import math
 import os
@@ -210,6 +211,42 @@ def _caller_state_kept() -> Iterator[None]:
             torch.set_num_threads(threads)
 
 
+LORA_NAME = "policy"
+
+
+def write_peft_adapter(
+    folder: Path, adapters: Mapping[str, Any], *, rank: int, alpha: float, dtype: torch.dtype
+) -> None:
+    """A peft adapter folder (adapter_config.json + adapter_model.safetensors) from peft state names."""
+    from safetensors.torch import save_file
+
+    tensors, targets = {}, set()
+    for name, value in adapters.items():
+        if ".lora_A." not in name and ".lora_B." not in name:
+            raise ValueError(f"update_lora: {name!r} is not a LoRA adapter tensor (no .lora_A./.lora_B.)")
+        t = value.detach() if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))
+        # peft's saved names drop the adapter name: ...q_proj.lora_A.default.weight -> ...q_proj.lora_A.weight
+        key = "base_model.model." + name.replace(".default.", ".")
+        tensors[key] = t.to(dtype).contiguous().cpu()
+        targets.add(name.split(".lora_")[0].rsplit(".", 1)[-1])
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": int(rank),
+        "lora_alpha": float(alpha),
+        "lora_dropout": 0.0,
+        "target_modules": sorted(targets),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+        "use_rslora": False,
+        "use_dora": False,
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=1))
+
+
 def _repack_tied_heads(worker: Any) -> int:
     """Re-pack the CPU build's oneDNN copy of every tied output projection from its (reloaded) weight.
 
@@ -313,6 +350,9 @@ class VLLMGenerationBackend(GenerationBackend):
         # Weight syncs and prefix-cache resets so far (a run's metrics; tests check one reset per sync).
         self.weight_syncs = 0
         self.cache_resets = 0
+        # LoRA adapter syncs (``update_lora``): every request then carries this adapter.
+        self.lora_request: Any = None
+        self.adapter_syncs = 0
 
     def _engine_files(self) -> contextlib.AbstractContextManager[None]:
         """The engine's temporary files go to its files folder while it runs."""
@@ -390,7 +430,8 @@ class VLLMGenerationBackend(GenerationBackend):
         # caller's RNG is left as it was (unseeded requests sample from it, as the interface says).
         kept = _caller_state_kept() if seeds is not None else contextlib.nullcontext()
         with self._engine_files(), kept:
-            outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
+            lora = {} if self.lora_request is None else {"lora_request": self.lora_request}
+            outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False, **lora)
         results = []
         for i, out in enumerate(outputs):
             comp = out.outputs[0]
@@ -450,6 +491,23 @@ class VLLMGenerationBackend(GenerationBackend):
                 self.llm.wake_up(tags=["kv_cache"])
         self.sleep_level = None
         self.weight_syncs += 1
+        self.reset_cache()
+
+    def update_lora(self, adapters: Mapping[str, Any], *, rank: int, alpha: float) -> None:
+        """Load the policy's LoRA adapters into the engine in place of the previous ones (vLLM's own LoRA; the
+        engine must run with ``enable_lora=True``); the base weights stay. ``adapters``: peft's state names
+        (``<hf module>.lora_A.default.weight``), tensors or arrays. Written as a peft folder (vLLM loads adapters
+        from a folder only) under the engine's files folder, then the prefix cache is reset."""
+        from vllm.lora.request import LoRARequest
+
+        folder = self.files_dir / "lora_adapter"
+        write_peft_adapter(folder, adapters, rank=rank, alpha=alpha, dtype=self.rollout_dtype)
+        request = LoRARequest(LORA_NAME, 1, str(folder), load_inplace=True)
+        with _caller_state_kept(), self._engine_files():
+            if not self.llm.llm_engine.add_lora(request):
+                raise RuntimeError(f"the vLLM engine refused the LoRA adapter in {folder}")
+        self.lora_request = request
+        self.adapter_syncs += 1
         self.reset_cache()
 
     def close(self) -> None:

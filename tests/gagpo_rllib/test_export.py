@@ -72,6 +72,9 @@ def test_dtype_override_and_errors(checkpoint: Path, tiny_policy_path: Path, tmp
         export_checkpoint(checkpoint, tmp_path / "y", dtype="int8")
     with pytest.raises(ValueError, match="base model"):
         export_checkpoint(checkpoint, tmp_path / "z", base_model=str(tmp_path / "moved"))
+    with pytest.raises(ValueError, match="adapter_dir is for LoRA runs"):
+        export_checkpoint(checkpoint, tmp_path / "w", adapter_dir=tmp_path / "adapter")
+    assert not (tmp_path / "w").exists()
 
 
 def test_export_command(checkpoint: Path, tmp_path: Path, capsys) -> None:
