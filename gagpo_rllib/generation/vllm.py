@@ -229,6 +229,14 @@ def _repack_tied_heads(worker: Any) -> int:
     return repacked
 
 
+_ENGINES_STARTED = 0
+
+
+def engines_started() -> int:
+    """vLLM engines this process has started (a run reports them per runner: engines belong on GPU runners)."""
+    return _ENGINES_STARTED
+
+
 class VLLMGenerationBackend(GenerationBackend):
     """One ``LLM.generate`` call per step for all prompts; weights follow the learner via ``update_weights``.
 
@@ -308,6 +316,8 @@ class VLLMGenerationBackend(GenerationBackend):
                 logprobs_mode="processed_logprobs",
                 **llm_kwargs,
             )
+        global _ENGINES_STARTED
+        _ENGINES_STARTED += 1
         self._vllm = vllm
         self.rollout_dtype: torch.dtype = self.llm.model_config.dtype
         # Weight syncs and prefix-cache resets so far (a run's metrics; tests check one reset per sync).
