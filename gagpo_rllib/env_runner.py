@@ -104,7 +104,10 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
         except NotImplementedError:
             self.module = None
             return
-        spec.model_config = {**dict(spec.model_config or {}), "rollout_engine": self.worker_index > 0}
+        spec.model_config = {
+            **dict(spec.model_config or {}),
+            "rollout_engine": int(self.worker_index or 0) > 0,
+        }
         self.module = spec.build()
         self.module.to(self._device)
 
@@ -120,7 +123,7 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
             engines = sys.modules["gagpo_rllib.generation.vllm"].engines_started()
         context = ray.get_runtime_context() if ray.is_initialized() else None
         return {
-            "worker_index": int(self.worker_index),
+            "worker_index": int(self.worker_index or 0),
             "pid": os.getpid(),
             "node_id": context.get_node_id() if context is not None else None,
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()] if context is not None else [],
