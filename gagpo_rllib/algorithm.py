@@ -55,7 +55,7 @@ from gagpo_rllib.sharding import (
 )
 from gagpo_rllib.similarity import check_threshold
 from gagpo_rllib.state_keys import resolve_state_key
-from gagpo_rllib.weight_sync import sync_env_runners
+from gagpo_rllib.weight_sync import route_learner_syncs, sync_env_runners
 
 __all__ = ["GAGPO", "GAGPOConfig", "split_plan", "task_plan"]
 
@@ -647,6 +647,26 @@ class GAGPO(Algorithm):
                 " Ray with more (rllib train file --num-cpus N)"
             )
         return request
+
+    def setup(self, config) -> None:
+        """RLlib's set-up; then the evaluation runners take their weights as the training runners do
+        (``gagpo_rllib.weight_sync``: one object-store copy put by learner 0, not one through the driver)."""
+        super().setup(config)
+        evaluation = getattr(self, "eval_env_runner_group", None)
+        if (
+            evaluation is not None
+            and evaluation is not self.env_runner_group
+            and self.learner_group is not None
+        ):
+            route_learner_syncs(evaluation, self.learner_group)
+
+    def restore_env_runners(self, env_runner_group) -> list[int]:
+        """RLlib's restore, which syncs restored runners from the local runner; that one holds no weights when
+        remote runners sample (``gagpo_rllib.weight_sync``), so learner 0's weights follow."""
+        restored = super().restore_env_runners(env_runner_group)
+        if restored and self.learner_group is not None:
+            sync_env_runners(env_runner_group, self.learner_group, worker_ids=list(restored), force=True)
+        return restored
 
     def num_tasks(self) -> int:
         if getattr(self, "_num_tasks", None) is None:

@@ -30,16 +30,35 @@ def _spy_on_set_state(runner) -> None:
     module.set_state = record
 
 
-def test_ppo_in_bf16_ships_the_policy_only_once_from_learner_0(ray_cluster, tiny_maze_config) -> None:
+def test_ppo_in_bf16_ships_the_policy_only_once_from_learner_0(
+    ray_cluster, tiny_maze_config, monkeypatch
+) -> None:
+    """A remote learner, a remote runner and a remote validation runner: both runners take learner 0's object."""
+    from gagpo_rllib import weight_sync
+    from gagpo_rllib.evaluation import EvalSettings, with_validation
+
+    published_count = []
+    publish = weight_sync.publish_weights
+
+    def counting_publish(learner_group):
+        published_count.append(1)
+        return publish(learner_group)
+
+    monkeypatch.setattr(weight_sync, "publish_weights", counting_publish)
     config = (
         tiny_maze_config(estimator="ppo", dtype="bfloat16")
         .learners(num_learners=1)
         .env_runners(num_env_runners=1)
     )
+    config = with_validation(
+        config, split="eval", interval=1, num_env_runners=1, settings=EvalSettings(num_tasks=1)
+    )
     algo = config.build_algo()
     try:
         group = algo.env_runner_group
         group.foreach_env_runner(_spy_on_set_state, local_env_runner=False)
+        algo.eval_env_runner_group.foreach_env_runner(_spy_on_set_state, local_env_runner=False)
+        published_count.clear()
 
         def learner_side(learner):
             module = learner.module["default_policy"]
@@ -65,6 +84,12 @@ def test_ppo_in_bf16_ships_the_policy_only_once_from_learner_0(ray_cluster, tiny
         assert gagpo["weight_sync_bytes"] == policy_bytes
         assert gagpo["weight_sync_tensors"] == len(names) and gagpo["weight_sync_runners"] == 1.0
         assert gagpo["weight_sync_s"] > 0.0
+        # The validation runner got the same weights through the same path (one more publication by learner 0).
+        evaluated = algo.eval_env_runner_group.foreach_env_runner(
+            lambda r: r.received, local_env_runner=False
+        )
+        assert evaluated[0] == [names] and result["evaluation"]["valid"]["num_episodes"] >= 1
+        assert len(published_count) == 2
 
         # The object is learner 0's: put there, not a copy made by the driver.
         published = publish_weights(algo.learner_group)
