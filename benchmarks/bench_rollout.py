@@ -19,9 +19,9 @@ from two measured lengths and printed as such (its size grows as B x T x V).
 default and the ALFWorld default (tuned_examples/; ALFWorld without its warm start and validation): per task and
 backend, in a fresh process each, tokens/s of one batched call (the task's policy and batch, ~``--prompt-tokens``
 prompt tokens, ``--new-tokens`` free tokens, and constrained), the process's peak memory above its level before
-the backend was built, then ``--iterations`` training iterations of the task on the local EnvRunner with one
-torch thread (as ``bench_iteration.py`` runs them; the first, which includes the engine's start-up, is not
-counted), same seeds. Prints the HF/vLLM ratio of tokens/s and of seconds per iteration, and the mean success.
+the backend was built, then ``--iterations`` training iterations of the task on one remote EnvRunner with one
+torch thread (vLLM engines run on remote runners only; the first iteration, which includes the engine's
+start-up, is not counted), same seeds. Prints the HF/vLLM ratio of tokens/s and of seconds per iteration, and the mean success.
 
     python benchmarks/bench_rollout.py [--model PATH] [--batch 16] [--prompt-tokens 300] [--new-tokens 32]
     python benchmarks/bench_rollout.py --memory [--batch 64] [--new-tokens 256] [--before-tokens 16 32]
@@ -171,20 +171,21 @@ TASKS = ("maze", "alfworld")
 
 
 def _task_config(task: str, backend: str, seed: int):
-    """The task's CPU default with ``backend``, on the local EnvRunner, without evaluation."""
+    """The task's CPU default with ``backend``, on one remote EnvRunner (vLLM engines run on remote runners
+    only) with one torch thread, without evaluation."""
     import runpy
 
     if task == "maze":
         example = runpy.run_path(str(ROOT / "tuned_examples" / "gagpo_builtin.py"), run_name="bench_rollout")
-        config = example["make_config"](seed=seed, num_env_runners=0)
+        config = example["make_config"](seed=seed, num_env_runners=1)
     else:
         os.environ["GAGPO_ALFWORLD_WARM_START"] = "0"
         example = runpy.run_path(str(ROOT / "tuned_examples" / "gagpo_alfworld.py"), run_name="bench_rollout")
-        config = example["cpu_config"](seed=seed, num_env_runners=0, warm=False)
+        config = example["cpu_config"](seed=seed, num_env_runners=1, warm=False)
         config.evaluation(evaluation_interval=None)
     # the same prompt limit for both (the vLLM engine is sized to it)
     extra = {"max_prompt_tokens": 2048} if config.max_prompt_tokens is None else {}
-    return config.gagpo(backend=backend, **extra)
+    return config.gagpo(backend=backend, torch_threads=1, **extra)
 
 
 def _backend_child(args: argparse.Namespace) -> None:
@@ -223,6 +224,9 @@ def _backend_child(args: argparse.Namespace) -> None:
     ) / 2**30
     if hasattr(backend, "close"):
         backend.close()  # one in-process engine at a time: the run below starts its own
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = config.build_algo()
     try:
         seconds, success, generation, learner = [], [], [], []

@@ -49,9 +49,15 @@ from gagpo_rllib.group_sampling import (
 from gagpo_rllib.learner import GAGPOTorchLearner, report_skipped_updates
 from gagpo_rllib.lora import VLLM_LORA_RANKS
 from gagpo_rllib.rl_module import ACTION_IDS, LLMRLModule
-from gagpo_rllib.sharding import GroupShardedTrainingData, placement_shortfall, resource_shortfall
+from gagpo_rllib.sharding import (
+    GroupShardedTrainingData,
+    gpu_placement_problem,
+    placement_shortfall,
+    resource_shortfall,
+)
 from gagpo_rllib.similarity import check_threshold
 from gagpo_rllib.state_keys import resolve_state_key
+from gagpo_rllib.weight_sync import route_learner_syncs, sync_env_runners
 
 __all__ = ["GAGPO", "GAGPOConfig", "split_plan", "task_plan"]
 
@@ -472,6 +478,9 @@ class GAGPOConfig(AlgorithmConfig):
         shortfall = resource_shortfall(self)
         if shortfall:
             raise ValueError(f"GAGPOConfig.num_learners / num_env_runners cannot be placed: {shortfall}")
+        problem = gpu_placement_problem(self)
+        if problem:
+            raise ValueError(f"GAGPOConfig GPU placement: {problem}")
 
     def validate_lora(self, need: Any, is_int: Any, is_num: Any) -> None:
         """The LoRA fields (``need`` raises naming the field); target names are checked against the model's
@@ -592,7 +601,6 @@ class GAGPOConfig(AlgorithmConfig):
             "reference": self.kl_coeff > 0,
             "lora": self.lora_settings,
             "max_prompt_tokens": self.max_prompt_tokens,
-            "num_env_runners": self.num_env_runners,
             "train_chunk_tokens": self.train_chunk_tokens,
             "reference_cache_rows": self.reference_cache_rows,
             **(
@@ -789,6 +797,26 @@ class GAGPO(Algorithm):
             )
         return request
 
+    def setup(self, config) -> None:
+        """RLlib's set-up; then the evaluation runners take their weights as the training runners do
+        (``gagpo_rllib.weight_sync``: one object-store copy put by learner 0, not one through the driver)."""
+        super().setup(config)
+        evaluation = getattr(self, "eval_env_runner_group", None)
+        if (
+            evaluation is not None
+            and evaluation is not self.env_runner_group
+            and self.learner_group is not None
+        ):
+            route_learner_syncs(evaluation, self.learner_group)
+
+    def restore_env_runners(self, env_runner_group) -> list[int]:
+        """RLlib's restore, which syncs restored runners from the local runner; that one holds no weights when
+        remote runners sample (``gagpo_rllib.weight_sync``), so learner 0's weights follow."""
+        restored = super().restore_env_runners(env_runner_group)
+        if restored and self.learner_group is not None:
+            sync_env_runners(env_runner_group, self.learner_group, worker_ids=list(restored), force=True)
+        return restored
+
     def num_tasks(self) -> int:
         if getattr(self, "_num_tasks", None) is None:
             self._num_tasks = int(ask_env_runner(self, lambda r: r.num_tasks()))
@@ -834,9 +862,7 @@ class GAGPO(Algorithm):
             runner._weights_seq_no = 0
 
         self.env_runner_group.foreach_env_runner(forget_seq_no, local_env_runner=True)
-        self.env_runner_group.sync_weights(
-            from_worker_or_learner_group=self.learner_group, inference_only=True
-        )
+        sync_env_runners(self.env_runner_group, self.learner_group)
 
     def training_step(self) -> None:
         cfg: GAGPOConfig = self.config
@@ -882,11 +908,62 @@ class GAGPO(Algorithm):
                 self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
                 report_skipped_updates(self.metrics, iteration)
             with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
-                self.env_runner_group.sync_weights(
-                    from_worker_or_learner_group=self.learner_group, inference_only=True
-                )
+                synced = sync_env_runners(self.env_runner_group, self.learner_group)
+            # One copy of the inference-only weights per iteration, fetched by every runner (gagpo_rllib.weight_sync).
+            self.metrics.log_value(("gagpo", "weight_sync_bytes"), float(synced.nbytes), window=1)
+            self.metrics.log_value(("gagpo", "weight_sync_tensors"), float(synced.num_tensors), window=1)
+            self.metrics.log_value(("gagpo", "weight_sync_runners"), float(synced.runners), window=1)
+            self.metrics.log_value(("gagpo", "weight_sync_s"), synced.seconds, window=1)
         self.metrics.log_value(("gagpo", "update_skipped"), float(not trainable), window=1)
+        if cfg.backend == "vllm":
+            self.log_engine_census()
         self.metrics.log_value(("gagpo", "time_learner_s"), time.perf_counter() - t0, window=1)
+
+    def engine_census(self) -> dict[str, Any]:
+        """vLLM engines started so far: by the training runners, the evaluation runners and the Algorithm's own
+        process (where the local runners live; 0 by design), with each remote runner's report."""
+        import sys
+
+        vllm_backend = sys.modules.get("gagpo_rllib.generation.vllm")
+        census: dict[str, Any] = {
+            "algorithm_process": vllm_backend.engines_started() if vllm_backend is not None else 0,
+            "reports": {},
+        }
+        groups = {
+            "training": self.env_runner_group,
+            "evaluation": getattr(self, "eval_env_runner_group", None),
+        }
+        for name, group in groups.items():
+            reports = []
+            if group is not None and group.num_remote_env_runners() > 0:
+                reports = group.foreach_env_runner(lambda r: r.engine_report(), local_env_runner=False)
+            census[name] = sum(r["engines"] for r in reports)
+            census["reports"][name] = reports
+        return census
+
+    def log_engine_census(self) -> None:
+        """``gagpo/engines_*`` every iteration; a log line saying where they run when the numbers change."""
+        census = self.engine_census()
+        counts = {k: census[k] for k in ("training", "evaluation", "algorithm_process")}
+        for name, value in counts.items():
+            self.metrics.log_value(("gagpo", f"engines_{name}"), float(value), window=1)
+        self.metrics.log_value(("gagpo", "engines_started"), float(sum(counts.values())), window=1)
+        if counts != getattr(self, "_engine_counts", None):
+            self._engine_counts = counts
+            where = "; ".join(
+                f"{group} runner {r['worker_index']}: {r['engines']} (pid {r['pid']}, node {str(r['node_id'])[:8]},"
+                f" GPUs {r['gpu_ids']})"
+                for group, reports in census["reports"].items()
+                for r in reports
+            )
+            logger.info(
+                "GAGPO: vLLM engines started: %d by training runners, %d by evaluation runners, %d in the "
+                "Algorithm's process; %s",
+                counts["training"],
+                counts["evaluation"],
+                counts["algorithm_process"],
+                where,
+            )
 
     def log_rollout_metrics(self, episodes: list, stats: list[RolloutStats], sample_s: float) -> None:
         """Success, return (env rewards), length, invalid share, per-type success and the time split; the mean

@@ -62,13 +62,33 @@ def _add_train_file(sub: argparse._SubParsersAction) -> None:
         help="checkpoint when done",
     )
     p.add_argument(
-        "--storage-path", default=None, help="where results and checkpoints go (default ./results)"
+        "--storage-path",
+        "--storage",
+        dest="storage_path",
+        default=None,
+        help="where results and checkpoints go: a folder (default ./results) or a URI Tune supports (s3://, "
+        "gs://, ...); on several nodes a folder every node mounts",
+    )
+    p.add_argument(
+        "--shared-storage",
+        action="store_true",
+        help="the storage folder is a mount every node shares (otherwise told by its file system type)",
     )
     p.add_argument("--name", default=None, help="experiment name (a folder under the storage path)")
     p.add_argument(
         "--num-env-runners", type=int, default=None, help="override the file's number of env runners"
     )
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for the local Ray instance")
+    p.add_argument(
+        "--num-cpus",
+        type=int,
+        default=None,
+        help="CPUs for the local Ray instance (ignored with a note when RAY_ADDRESS names a running cluster)",
+    )
+    p.add_argument(
+        "--listen-all",
+        action="store_true",
+        help="a Ray started here listens on every interface (default: 127.0.0.1 only)",
+    )
     p.add_argument("--restore", default=None, help="start from this Algorithm checkpoint")
     p.add_argument("--resume", default=None, help="continue this interrupted experiment folder")
     p.add_argument(
@@ -410,6 +430,8 @@ def run_train_file(args: argparse.Namespace) -> int:
         num_cpus=args.num_cpus,
         dashboard=args.dashboard,
         verbose=args.verbose,
+        shared_storage=args.shared_storage,
+        listen_all=args.listen_all,
     )
     return 1 if results.errors else 0
 

@@ -92,6 +92,44 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
         set_torch_threads(config, "EnvRunner")
         super().__init__(config=config, **kwargs)
 
+    def make_module(self) -> None:
+        """RLlib's module, with ``rollout_engine`` False on a local runner (worker index 0).
+
+        The local runner lives in the driver's or, under Tune, the Algorithm's process, which Ray gave no GPU for
+        an engine: a vLLM engine there would take memory of a GPU that belongs to a learner or another runner.
+        """
+        env = self.env.unwrapped if self.env is not None else None
+        try:
+            spec = self.config.get_rl_module_spec(env=env, spaces=self.get_spaces(), inference_only=True)
+        except NotImplementedError:
+            self.module = None
+            return
+        spec.model_config = {
+            **dict(spec.model_config or {}),
+            "rollout_engine": int(self.worker_index or 0) > 0,
+        }
+        self.module = spec.build()
+        self.module.to(self._device)
+
+    def engine_report(self) -> dict:
+        """Where this runner runs and how many vLLM engines its process started (0 without the vLLM backend)."""
+        import os
+        import sys
+
+        import ray
+
+        engines = 0
+        if "gagpo_rllib.generation.vllm" in sys.modules:
+            engines = sys.modules["gagpo_rllib.generation.vllm"].engines_started()
+        context = ray.get_runtime_context() if ray.is_initialized() else None
+        return {
+            "worker_index": int(self.worker_index or 0),
+            "pid": os.getpid(),
+            "node_id": context.get_node_id() if context is not None else None,
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()] if context is not None else [],
+            "engines": int(engines),
+        }
+
     def torch_threads(self) -> int:
         """torch's intra-op thread count in this runner's process."""
         return int(torch.get_num_threads())

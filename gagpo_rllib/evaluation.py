@@ -477,20 +477,31 @@ def validation_function(settings: EvalSettings) -> Callable[[Any, Any], tuple[di
 
 
 def with_validation(
-    config: GAGPOConfig, *, split: str, interval: int, settings: EvalSettings | None = None, **overrides: Any
+    config: GAGPOConfig,
+    *,
+    split: str,
+    interval: int,
+    settings: EvalSettings | None = None,
+    num_env_runners: int | None = None,
+    **overrides: Any,
 ) -> GAGPOConfig:
-    """``config`` plus validation every ``interval`` iterations on ``split``, on one local evaluation EnvRunner.
+    """``config`` plus validation every ``interval`` iterations on ``split``.
 
-    ``overrides`` are GAGPOConfig fields for the evaluation runner only (e.g. a smaller vLLM memory share).
+    ``num_env_runners``: evaluation EnvRunners; None: one remote runner with backend "vllm" (an engine needs a
+    runner of its own; give it a GPU share with ``num_gpus_per_env_runner=...`` in ``overrides``), else 0 (the
+    evaluation group's local runner plays). ``overrides`` are GAGPOConfig fields for the evaluation runners only
+    (e.g. a smaller vLLM memory share).
     """
     if interval < 1:
         raise ValueError(f"validation interval must be >= 1, got {interval!r}")
+    if num_env_runners is None:
+        num_env_runners = 1 if overrides.get("backend", config.backend) == "vllm" else 0
     env_config = {**dict(config.env_config or {}), "split": split}
     if config.max_steps is not None:
         env_config["max_steps"] = config.max_steps
     return config.evaluation(
         evaluation_interval=interval,
-        evaluation_num_env_runners=0,
+        evaluation_num_env_runners=int(num_env_runners),
         custom_evaluation_function=validation_function(settings or EvalSettings(split=split)),
         evaluation_config=GAGPOConfig.overrides(env_config=env_config, explore=False, **overrides),
     )

@@ -182,6 +182,10 @@ def _play_round(
         logger.warning(
             "GAGPO: no healthy remote EnvRunner; the local EnvRunner plays %d episodes", len(items)
         )
+        if algo.learner_group is not None:  # it holds no weights while remote runners sample
+            from gagpo_rllib.weight_sync import sync_local_runner
+
+            sync_local_runner(group, algo.learner_group)
         return [_play_fn(items, explore, None)(local)], 0
     if not ids:
         ids = sorted(_wait_for_runner(algo, deadline))

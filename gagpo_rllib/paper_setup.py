@@ -4,22 +4,25 @@ The two benchmarks use the same hyperparameters: groups of 8, 16 groups per iter
 to the reference, entropy 0.001, lr 1e-6, free-form answers of up to 512 tokens, and validation every 5 iterations
 at temperature 0.4. Only the environment, its horizon and its prompt budget differ. On GPUs the rollouts run on
 vLLM in bf16 and the learners train fp32 master weights with bf16 compute and gradient checkpointing; the GPUs
-split evenly over learners and EnvRunners. ``GAGPO_LEARNER_SHARDING=fsdp`` shards the learners (FSDP2) instead of
+are split by ``gpu_plan`` (a whole GPU per NCCL learner; a validation EnvRunner of its own beside the training
+runners). ``GAGPO_LEARNER_SHARDING=fsdp`` shards the learners (FSDP2) instead of
 replicating them (DDP), which the 7B model needs on 80 GB GPUs (``benchmarks/bench_memory.py``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 from gagpo_rllib.algorithm import GAGPOConfig
 from gagpo_rllib.evaluation import EvalSettings, with_validation
 
-__all__ = ["count_from_env", "paper_config", "scale_out_from_env", "sharding_from_env"]
+__all__ = ["count_from_env", "gpu_plan", "paper_config", "scale_out_from_env", "sharding_from_env"]
 
 TRAIN_ENGINE_MEMORY = 0.4  # share of a GPU for the training rollouts' vLLM engine
 VALID_ENGINE_MEMORY = 0.15  # and for the validation engine, which plays beside it
+VALID_GPU_SHARE = 0.2  # of each training runner's GPU share, left for the validation runner's placement
 
 
 def count_from_env(name: str, default: int, what: str) -> int:
@@ -54,11 +57,34 @@ def sharding_from_env() -> str:
     return value
 
 
-def _gpus_each(num_gpus: int, num_learners: int, num_env_runners: int) -> float:
-    """GPUs per learner and per EnvRunner: an even split, the local learner counting as one; at most 1 each."""
+def gpu_plan(num_gpus: int, num_learners: int, num_env_runners: int) -> tuple[float, float, float]:
+    """GPUs per learner, per training EnvRunner and for the one validation EnvRunner.
+
+    Two or more learners: a whole GPU each (NCCL refuses two ranks on one device), the GPUs left for the
+    runners. Otherwise the local or single learner and the runners split the GPUs evenly. A share is 1/k of a
+    GPU (k slots per GPU), so Ray can pack the actors exactly; each runner keeps a fifth of its share free for the
+    validation runner, which fits beside any of them. Raises ValueError naming the variables when it cannot fit.
+    """
     if num_gpus <= 0:
-        return 0
-    return min(1.0, num_gpus / (max(1, num_learners) + num_env_runners))
+        return 0.0, 0.0, 0.0
+    if num_env_runners < 1:
+        raise ValueError(
+            f"GAGPO_NUM_ENV_RUNNERS={num_env_runners} with GAGPO_GPUS={num_gpus}: the vLLM rollouts run on remote"
+            " EnvRunners only (one with a GPU share at least); set GAGPO_NUM_ENV_RUNNERS >= 1"
+        )
+    if num_learners >= 2:
+        left = num_gpus - num_learners
+        if left < 1:
+            raise ValueError(
+                f"GAGPO_GPUS={num_gpus} with GAGPO_NUM_LEARNERS={num_learners}: each NCCL learner needs a whole GPU"
+                f" and the {num_env_runners} EnvRunner(s) at least one more ({num_learners + 1} GPUs); use"
+                f" GAGPO_NUM_LEARNERS <= {max(0, num_gpus - 1)} or more GPUs"
+            )
+        learner = 1.0
+        runner = 1.0 / math.ceil(num_env_runners / left)
+    else:
+        learner = runner = 1.0 / math.ceil((1 + num_env_runners) / num_gpus)
+    return learner, runner * (1 - VALID_GPU_SHARE), runner * VALID_GPU_SHARE
 
 
 def _engine(memory: float) -> dict:
@@ -85,12 +111,12 @@ def paper_config(
     gpus = count_from_env("GAGPO_GPUS", 0, "the number of GPUs") if num_gpus is None else num_gpus
     sharding = sharding_from_env() if learner_sharding is None else learner_sharding
     on_gpu = gpus > 0
-    gpu_each = _gpus_each(gpus, num_learners, num_env_runners)
+    per_learner, per_runner, per_valid = gpu_plan(gpus, num_learners, num_env_runners)
     config = (
         GAGPOConfig()
         .environment(env, env_config=dict(env_config))
-        .env_runners(num_env_runners=num_env_runners, num_gpus_per_env_runner=gpu_each)
-        .learners(num_learners=num_learners, num_gpus_per_learner=gpu_each)
+        .env_runners(num_env_runners=num_env_runners, num_gpus_per_env_runner=per_runner)
+        .learners(num_learners=num_learners, num_gpus_per_learner=per_learner)
         .gagpo(
             model_path=model_path,
             estimator="gagpo",
@@ -120,5 +146,9 @@ def paper_config(
         split=valid_split,
         interval=5,
         settings=EvalSettings(split=valid_split, seed=seed),
-        **({"backend_kwargs": _engine(VALID_ENGINE_MEMORY)} if on_gpu else {}),
+        **(
+            {"backend_kwargs": _engine(VALID_ENGINE_MEMORY), "num_gpus_per_env_runner": per_valid}
+            if on_gpu
+            else {}
+        ),
     )

@@ -80,7 +80,9 @@ class LLMRLModule(TorchRLModule):
     the learner; False when the KL coefficient is 0, which saves its memory and forward pass),
     ``pure_low_precision`` (False: fp32 master weights on the learner), ``gradient_checkpointing`` (False),
     ``lora`` (None, or ``{"rank", "alpha", "dropout", "target_modules", "sync"}``: train LoRA adapters on the
-    learner; ``sync`` "adapter" or "merged": what vLLM engines receive).
+    learner; ``sync`` "adapter" or "merged": what vLLM engines receive),
+    ``rollout_engine`` (True: an inference-only vLLM module starts its engine; False: it keeps only the tokenizer,
+    drops the weights it is sent and refuses to sample).
     """
 
     def setup(self) -> None:
@@ -106,10 +108,13 @@ class LLMRLModule(TorchRLModule):
         self._backend: GenerationBackend | None = None
         # An EnvRunner with the vLLM backend keeps no Hugging Face copy of the policy (7B in fp32 is ~30 GB of
         # host memory): the engine holds the weights, set_state hands them straight to it, the module keeps the
-        # tokenizer. The engine starts here, before training, sized to max_prompt_tokens + max_new_tokens.
-        # The driver's own EnvRunner, when remote EnvRunners sample, starts no engine unless it is used.
+        # tokenizer. The engine starts here, before training, sized to max_prompt_tokens + max_new_tokens, and only
+        # where ``model_config["rollout_engine"]`` allows it: GAGPOEnvRunner sets it to False on every group's
+        # local runner (the driver's or the Algorithm's process, which holds no GPU for an engine).
         self.weights_in_engine = bool(self.inference_only and self.backend_name == "vllm")
-        self._pending_state: dict[str, Any] | None = None
+        self.engine_allowed = bool(cfg.get("rollout_engine", True))
+        # Weight syncs an engine-less runner received and dropped (nothing in it samples).
+        self.dropped_syncs = 0
         if self.backend_name == "vllm":
             # The engine samples in the policy's dtype: vLLM's "auto" would run a float32 checkpoint in 16 bits.
             self.backend_kwargs.setdefault("dtype", dtype_name)
@@ -129,7 +134,7 @@ class LLMRLModule(TorchRLModule):
                 longest = max(self.sampling.max_new_tokens, self.eval_sampling.max_new_tokens)
                 self.backend_kwargs.setdefault("max_model_len", int(cfg["max_prompt_tokens"]) + longest)
             self.model = None
-            if int(cfg.get("num_env_runners", 0) or 0) == 0 or _in_ray_actor():
+            if self.engine_allowed:
                 self.tokenizer = self.backend.tokenizer
             else:
                 from gagpo_rllib.generation.vllm import load_rollout_tokenizer
@@ -228,10 +233,13 @@ class LLMRLModule(TorchRLModule):
                 device = next(self.model.parameters()).device
                 self._backend = make_backend("hf", (self.model, self.tokenizer), device=device)
             else:
+                if self.weights_in_engine and not self.engine_allowed:
+                    raise RuntimeError(
+                        "this EnvRunner holds no vLLM engine: it is a local runner (in the driver's or the "
+                        "Algorithm's process, which holds no GPU for one); vLLM samples on remote EnvRunners "
+                        "(num_env_runners >= 1, evaluation_num_env_runners >= 1 for validation)"
+                    )
                 self._backend = make_backend("vllm", self.model_path, **self.backend_kwargs)
-                if self._pending_state is not None:  # weights that arrived before the engine existed
-                    state, self._pending_state = self._pending_state, None
-                    self.set_state(state)
         return self._backend
 
     # ------------------------------------------------------------------------------------------------ forwards
@@ -514,8 +522,8 @@ class LLMRLModule(TorchRLModule):
         the Hugging Face names) go to the engine one at a time, in its dtype; nothing else keeps a copy.
         """
         if self.weights_in_engine:
-            if self._backend is None:  # no engine started (the driver's idle runner): keep the latest weights
-                self._pending_state = state
+            if self._backend is None:  # an engine-less local runner: nothing here samples, keep nothing
+                self.dropped_syncs += 1
                 return
             names = [k for k in state if k.startswith(_POLICY_PREFIX)]
             adapters = [k for k in names if ".lora_" in k]
@@ -554,13 +562,6 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def _in_ray_actor() -> bool:
-    """Whether this process is a Ray actor (a remote EnvRunner), not the driver."""
-    import ray
-
-    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def unpad_token_batch(

@@ -20,7 +20,12 @@ from ray import tune
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 __all__ = [
+    "NodeLocalStorageError",
     "TrainSpec",
+    "bind_ray_to_loopback",
+    "check_storage",
+    "filesystem_type",
+    "init_ray",
     "load_train_file",
     "train",
     "find_metric",
@@ -139,13 +144,129 @@ def with_ray_metrics(config: AlgorithmConfig) -> AlgorithmConfig:
     return config.copy(copy_frozen=False).callbacks(on_train_result=callbacks)
 
 
-def init_ray(*, num_cpus: int | None = None, dashboard: bool = False) -> None:
-    """Start a local Ray (dashboard on loopback only when asked) unless one is already running."""
+LOOPBACK = "127.0.0.1"
+
+
+def init_ray(*, num_cpus: int | None = None, dashboard: bool = False, listen_all: bool = False) -> None:
+    """Connect to the cluster at ``RAY_ADDRESS`` or start a Ray of this run's own bound to loopback; no-op when
+    Ray runs.
+
+    An existing cluster's resources are set by ``ray start``: ``num_cpus`` is then ignored with a note (Ray
+    refuses ``ray.init(num_cpus=...)`` when connecting). A local Ray's processes listen on 127.0.0.1 only
+    (``bind_ray_to_loopback``) unless ``listen_all``.
+    """
     if ray.is_initialized():
         return
-    context = ray.init(num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1")
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        if num_cpus is not None:
+            print(
+                f"note: --num-cpus {num_cpus} ignored: connecting to the running cluster at RAY_ADDRESS={address},"
+                " whose resources were set by `ray start`",
+                flush=True,
+            )
+        ray.init()
+        return
+    if not listen_all:
+        bind_ray_to_loopback()
+    # address "local": a Ray of this run's own, never another local cluster that ``ray.init()`` would find
+    context = ray.init(
+        address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host=LOOPBACK
+    )
     if dashboard:
         print(f"Ray dashboard: http://{context.dashboard_url}", flush=True)
+
+
+def bind_ray_to_loopback() -> None:
+    """Make the next local ``ray.init`` use 127.0.0.1 as the node's address, so that its processes (GCS, raylet,
+    object manager, workers, dashboard and runtime-env agents) listen on loopback only.
+
+    Ray replaces a loopback node address by the host's own unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` is off
+    (ray/_private/services.py ``get_node_ip_address``), and then binds its servers to the node address. The
+    variable is read when ray is imported: it is set for the processes Ray starts and patched in this one.
+    """
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+# File systems whose paths every node sees the same (network and cluster file systems, FUSE mounts of buckets).
+SHARED_FILESYSTEMS = (
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "ceph",
+    "cephfs",
+    "glusterfs",
+    "fuse.glusterfs",
+    "fuse.s3fs",
+    "fuse.gcsfuse",
+    "fuse.juicefs",
+    "fuse.sshfs",
+    "fuse.cephfs",
+    "9p",
+    "afs",
+    "panfs",
+    "wekafs",
+)
+
+
+class NodeLocalStorageError(ValueError):
+    """Results and checkpoints would go to a folder only one node of a multi-node cluster can see."""
+
+
+def is_uri(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a URI Tune syncs to (``s3://``, ``gs://``, ...) rather than a local path."""
+    return "://" in str(path)
+
+
+def filesystem_type(path: str | os.PathLike, mounts: str | None = None) -> str:
+    """The file system type of the mount holding ``path`` (its nearest existing parent), from /proc/mounts."""
+    target = Path(path).resolve()
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return "unknown"
+    best, kind = "", "unknown"
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == Path(point) or Path(point) in target.parents
+        if inside and len(point) > len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def check_storage(storage_path: str, *, shared: bool = False, mounts: str | None = None) -> None:
+    """Refuse (``NodeLocalStorageError``) a node-local results folder on a cluster of more than one node.
+
+    Trials run on any node and write their results and checkpoints to ``storage_path``, which is then read on
+    the head node (``--resume``, the printed checkpoint): it must be a URI Tune supports or a folder every node
+    sees, i.e. on a network or cluster file system (``SHARED_FILESYSTEMS``) or declared shared (``shared``).
+    """
+    if is_uri(storage_path) or shared or not ray.is_initialized():
+        return
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) <= 1:
+        return
+    kind = filesystem_type(storage_path, mounts)
+    if kind in SHARED_FILESYSTEMS:
+        return
+    raise NodeLocalStorageError(
+        f"--storage-path {storage_path}: on a {kind!r} file system, local to this node, but the Ray cluster has"
+        f" {len(nodes)} nodes and a trial on another node cannot write its results and checkpoints there. Use a"
+        " URI Tune supports (s3://bucket/path, gs://bucket/path, ...), a folder on a file system every node"
+        " mounts at the same path (NFS, Lustre, ...), or --shared-storage if this folder is such a mount"
+    )
 
 
 def train(
@@ -162,19 +283,26 @@ def train(
     num_cpus: int | None = None,
     dashboard: bool = False,
     verbose: int = 0,
+    shared_storage: bool = False,
+    listen_all: bool = False,
 ) -> tune.ResultGrid:
     """Train ``config`` under Tune until ``stop``; returns the ResultGrid and prints where results went.
 
     ``restore`` starts from an Algorithm checkpoint's weights and state; ``resume`` continues an interrupted
     experiment directory where it stopped. ``max_failures`` (Tune's ``FailureConfig``): a trial that raises is
     restarted from its last checkpoint up to that many times (0, the default: not restarted; -1: always), so set
-    ``checkpoint_freq`` too or the restart begins from scratch.
+    ``checkpoint_freq`` too or the restart begins from scratch. ``storage_path`` is a folder or a URI Tune
+    supports (``s3://``, ``gs://``, ...); on a cluster of several nodes a node-local folder is refused
+    (``check_storage``; ``shared_storage`` declares it a shared mount). ``listen_all``: a Ray started here listens
+    on every interface instead of loopback only.
     """
-    init_ray(num_cpus=num_cpus, dashboard=dashboard)
+    init_ray(num_cpus=num_cpus, dashboard=dashboard, listen_all=listen_all)
     if dashboard:
         config = with_ray_metrics(config)
     stop = dict(stop or {})
-    storage_path = str(Path(storage_path or Path.cwd() / "results").resolve())
+    storage_path = storage_path or Path.cwd() / "results"
+    storage_path = str(storage_path) if is_uri(storage_path) else str(Path(storage_path).resolve())
+    check_storage(storage_path, shared=shared_storage)
     if restore is not None:
         checkpoint = str(Path(restore).resolve())
         if not Path(checkpoint).exists():
@@ -198,9 +326,8 @@ def train(
         failure_config=tune.FailureConfig(max_failures=max_failures),
     )
     if resume is not None:
-        tuner = tune.Tuner.restore(
-            str(Path(resume).resolve()), trainable=config.algo_class, resume_errored=True
-        )
+        resume = str(resume) if is_uri(resume) else str(Path(resume).resolve())
+        tuner = tune.Tuner.restore(resume, trainable=config.algo_class, resume_errored=True)
     else:
         tuner = tune.Tuner(config.algo_class, param_space=config, run_config=run_config)
     results = tuner.fit()

@@ -50,7 +50,8 @@ Memory on one GPU (learner + training engine + evaluation engine)
 KV cache + activations) and start-up fails when less is free. Both engines are therefore created when the
 EnvRunners are built, before the learner's first update grows PyTorch's cache, with
 ``max_model_len = max_prompt_tokens + max_new_tokens`` (without it the KV cache must fit one 32k-token sequence);
-the driver's own EnvRunner, idle while remote EnvRunners sample, starts its engine only if it is used.
+engines run only on remote EnvRunners (a group's local runner, in the driver's or the Algorithm's process,
+never starts one: ``GAGPOEnvRunner.make_module``).
 KV cache per token = 2 (K, V) x layers x KV heads x head dim x 2 bytes (bf16). For an 80 GB GPU, 64 concurrent
 sequences and max_model_len = 2048 + 256 = 2304 (``python benchmarks/bench_rollout.py --vllm-memory`` prints
 these figures):
@@ -266,6 +267,14 @@ def _repack_tied_heads(worker: Any) -> int:
     return repacked
 
 
+_ENGINES_STARTED = 0
+
+
+def engines_started() -> int:
+    """vLLM engines this process has started (a run reports them per runner: engines belong on GPU runners)."""
+    return _ENGINES_STARTED
+
+
 class VLLMGenerationBackend(GenerationBackend):
     """One ``LLM.generate`` call per step for all prompts; weights follow the learner via ``update_weights``.
 
@@ -345,6 +354,8 @@ class VLLMGenerationBackend(GenerationBackend):
                 logprobs_mode="processed_logprobs",
                 **llm_kwargs,
             )
+        global _ENGINES_STARTED
+        _ENGINES_STARTED += 1
         self._vllm = vllm
         self.rollout_dtype: torch.dtype = self.llm.model_config.dtype
         # Weight syncs and prefix-cache resets so far (a run's metrics; tests check one reset per sync).

@@ -1,4 +1,4 @@
-"""The paper's shared set-up: the same hyperparameters on any env, GPUs split evenly, CPU without GPUs."""
+"""The paper's shared set-up: the same hyperparameters on any env, the GPU split, CPU without GPUs."""
 
 from __future__ import annotations
 
@@ -22,17 +22,51 @@ def _config(tiny_policy_path: Path, env_config: dict | None = None, **kwargs):
     return paper_config(CorridorEnv, env_config or {"split": "train"}, **{**args, **kwargs})
 
 
+def _packs(gpus: int, shares: list[float]) -> bool:
+    """Whether the actors' GPU shares fit on ``gpus`` devices, largest first onto the fullest GPU it fits
+    (how Ray's fractional GPUs must be placed: a share never spans two devices)."""
+    free = [1.0] * gpus
+    for share in sorted(shares, reverse=True):
+        fits = [i for i, f in enumerate(free) if f >= share - 1e-9]
+        if not fits:
+            return False
+        best = min(fits, key=lambda i: free[i])
+        free[best] -= share
+    return True
+
+
 @pytest.mark.parametrize(
-    ("gpus", "learners", "runners", "each"),
-    [(1, 0, 1, 0.5), (4, 2, 2, 1.0), (2, 2, 2, 0.5), (8, 1, 1, 1.0)],
+    ("gpus", "learners", "runners", "learner", "runner"),
+    [
+        (1, 0, 1, 0.5, 0.4),
+        (4, 2, 2, 1.0, 0.8),
+        (8, 1, 1, 1.0, 0.8),
+        (8, 4, 4, 1.0, 0.8),
+        (8, 2, 8, 1.0, 0.4),
+        (3, 0, 3, 0.5, 0.4),
+    ],
 )
-def test_gpus_split_evenly_over_learners_and_runners(tiny_policy_path, gpus, learners, runners, each) -> None:
+def test_gpus_split_into_whole_nccl_learners_runners_and_a_validation_runner(
+    tiny_policy_path, gpus, learners, runners, learner, runner
+) -> None:
     c = _config(tiny_policy_path, num_gpus=gpus, num_learners=learners, num_env_runners=runners)
-    assert (c.num_gpus_per_learner, c.num_gpus_per_env_runner) == (each, each)
+    assert (c.num_gpus_per_learner, c.num_gpus_per_env_runner) == pytest.approx((learner, runner))
     assert (c.num_learners, c.num_env_runners) == (learners, runners)
     assert (c.backend, c.dtype) == ("vllm", "bfloat16")
     train_memory = c.backend_kwargs["gpu_memory_utilization"]
     assert c.evaluation_config["backend_kwargs"]["gpu_memory_utilization"] < train_memory
+    valid = c.evaluation_config["num_gpus_per_env_runner"]
+    assert c.evaluation_num_env_runners == 1 and valid > 0  # validation on a runner of its own, with a GPU
+    # The local learner (num_learners 0) shares the driver's bundle; every actor's share must pack.
+    shares = [learner] * max(1, learners) + [runner] * runners + [valid]
+    assert _packs(gpus, shares), shares
+
+
+def test_nccl_learners_never_share_a_gpu(tiny_policy_path) -> None:
+    with pytest.raises(ValueError, match="GAGPO_GPUS=2 with GAGPO_NUM_LEARNERS=2: each NCCL learner needs"):
+        _config(tiny_policy_path, num_gpus=2, num_learners=2, num_env_runners=2)
+    with pytest.raises(ValueError, match="GAGPO_NUM_ENV_RUNNERS=0 with GAGPO_GPUS=1"):
+        _config(tiny_policy_path, num_gpus=1, num_learners=0, num_env_runners=0)
 
 
 def test_without_gpus_it_trains_on_cpu_with_hf_rollouts(tiny_policy_path, monkeypatch) -> None:

@@ -31,8 +31,9 @@ It runs the tiny Hugging Face policy on CPU and reproduces vLLM 0.33's *observab
 - a prefix cache: a prompt seen before reuses the KV cache computed then, with the weights of then, until
   ``reset_prefix_cache()``; ``sleep(level)`` / ``wake_up(tags)`` (level 1 keeps the weights in host memory, level 2
   drops them; generating while asleep raises).
-- test hooks, not vLLM API: ``weights()`` (the engine's weights by Hugging Face name) and ``events`` (sleep,
-  wake_up, collective_rpc with the sleeping level at the call, generate, in call order).
+- test hooks, not vLLM API: ``weights()`` (the engine's weights by Hugging Face name), ``events`` (sleep,
+  wake_up, collective_rpc with the sleeping level at the call, generate, in call order) and, with
+  ``VLLM_STAND_IN_ENGINE_LOG`` set to a file, one line per engine built holding the builder's process id.
 
 Limits: it checks our use of vLLM's API, not vLLM's kernels, scheduler, memory accounting, CUDA graphs or
 numerics (bf16 paged attention differs from this fp32 forward); it samples one request at a time; it implements
@@ -144,6 +145,10 @@ class Worker:
         self.last_reload_names = loaded
 
 
+# Test hook, not vLLM: a file that gets one line (the process id) per engine built.
+ENGINE_LOG_ENV = "VLLM_STAND_IN_ENGINE_LOG"
+
+
 class LLM:
     """``vllm.LLM`` as the rollout backend uses it; see the module docstring."""
 
@@ -169,6 +174,10 @@ class LLM:
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         self.multiprocess = bool(int(os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1")))
+        log = os.environ.get(ENGINE_LOG_ENV)
+        if log:  # test hook: one line per engine built, with the building process's id
+            with open(log, "a") as handle:
+                handle.write(f"{os.getpid()}\n")
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
         hf = AutoModelForCausalLM.from_pretrained(model)
         torch_dtype = hf.config.dtype if dtype == "auto" else _DTYPES[dtype]
