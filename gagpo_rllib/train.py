@@ -38,11 +38,13 @@ SUCCESS_KEYS = ("success_rate", "episode_success_mean", "won_mean")
 
 @dataclass
 class TrainSpec:
-    """What a tuned-example file defines: ``config`` (an AlgorithmConfig) and, optionally, ``stop``."""
+    """What a tuned-example file defines: ``config`` (an AlgorithmConfig) and, optionally, ``stop`` and
+    ``PLATEAU_PATIENCE`` (see ``StopRule``)."""
 
     config: AlgorithmConfig
     stop: dict[str, Any]
     path: Path
+    plateau_patience: int | None = None
 
 
 def load_train_file(path: str | os.PathLike) -> TrainSpec:
@@ -59,7 +61,10 @@ def load_train_file(path: str | os.PathLike) -> TrainSpec:
     stop = namespace.get("stop", {}) or {}
     if not isinstance(stop, Mapping):
         raise ValueError(f"{path}: `stop` must be a dict of metric -> threshold, got {type(stop).__name__}")
-    return TrainSpec(config=config, stop=dict(stop), path=path)
+    plateau = namespace.get("PLATEAU_PATIENCE")
+    if plateau is not None and (not isinstance(plateau, int) or isinstance(plateau, bool) or plateau < 1):
+        raise ValueError(f"{path}: PLATEAU_PATIENCE must be an int >= 1, got {plateau!r}")
+    return TrainSpec(config=config, stop=dict(stop), path=path, plateau_patience=plateau)
 
 
 def _flatten(result: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
