@@ -765,6 +765,10 @@ class GAGPO(Algorithm):
                 self.metrics.log_value(("gagpo", name), value, window=1)
         else:
             episodes = sample.episodes
+            if episodes:  # the same share dynamic sampling reports: groups without signal
+                uniform = uniform_groups(episode_rows(episodes, cfg.invalid_penalty))
+                n_groups = len({ep.custom_data["group_id"] for ep in episodes})
+                self.metrics.log_value(("gagpo", "uniform_group_share"), len(uniform) / n_groups, window=1)
         self.metrics.aggregate(sample.runner_metrics, key=ENV_RUNNER_RESULTS)
         self.log_rollout_metrics(sample.episodes, sample.stats, sample_s)
         self.metrics.log_value(("gagpo", "episodes_sampled"), float(len(sample.episodes)), window=1)

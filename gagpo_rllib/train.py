@@ -161,12 +161,18 @@ class StopRule(tune.Stopper):
             self._best[trial_id] = (rolling, it)
             return False
         if it - best_it >= self.patience:
-            self.reasons[trial_id] = (
+            reason = (
                 f"stopped at iteration {it}: success has plateaued; its {self.window}-iteration mean has not risen "
                 f"more than {self.min_delta:.0%} above {best:.1%} (reached at iteration {best_it}) for "
-                f"{self.patience} iterations (latest {history[-1]:.1%}): every group now gets the same outcome in "
-                "all its rollouts, so the update has no signal left (see GAGPOConfig.dynamic_sampling)"
+                f"{self.patience} iterations (latest {history[-1]:.1%})"
             )
+            uniform = find_metric(result, ("uniform_group_share",))
+            if uniform is not None:
+                reason += (
+                    f"; {uniform:.0%} of the last iteration's groups got the same return in all their rollouts "
+                    "(no learning signal; GAGPOConfig.dynamic_sampling replaces such groups)"
+                )
+            self.reasons[trial_id] = reason
             return True
         return False
 

@@ -36,7 +36,13 @@ def test_a_plateau_stops_after_patience_iterations_without_a_rise() -> None:
             break
     assert stopped_at is not None and 35 <= stopped_at <= 45
     assert "success has plateaued" in rule.reasons["t"] and "62.5%" in rule.reasons["t"]
-    assert "for 10 iterations" in rule.reasons["t"]
+    assert "for 10 iterations" in rule.reasons["t"] and "same return" not in rule.reasons["t"]
+    rule = StopRule({}, plateau_patience=3, window=1)
+    flat = [
+        {**_result(it, 0.5), "gagpo": {"success_rate": 0.5, "uniform_group_share": 1.0}} for it in range(1, 6)
+    ]
+    assert [rule("u", r) for r in flat] == [False, False, False, True, True]
+    assert "100% of the last iteration's groups got the same return" in rule.reasons["u"]
 
 
 def test_a_slow_rise_is_not_a_plateau_and_other_trials_are_separate() -> None:
