@@ -216,3 +216,13 @@ def test_groups_of_one_are_all_uniform_so_the_bound_is_played(ray_cluster, tiny_
     g = results[0]["gagpo"]
     assert g["dynamic_extra_groups"] == 3 and g["dynamic_extra_episodes"] == 3 and g["episodes_sampled"] == 5
     assert g["uniform_group_share"] == 1.0 and g["update_skipped"] == 1.0 and batches[0].batch == []
+
+
+def test_without_dynamic_sampling_the_uniform_share_is_still_reported(ray_cluster, tiny_maze_config) -> None:
+    algo = tiny_maze_config(group_size=1, groups_per_iteration=2).build_algo()
+    try:
+        g = algo.train()["gagpo"]
+    finally:
+        algo.stop()
+    assert g["uniform_group_share"] == 1.0 and g["episodes_sampled"] == 2
+    assert "dynamic_extra_episodes" not in g
