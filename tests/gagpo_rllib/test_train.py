@@ -62,3 +62,16 @@ def test_without_patience_a_flat_run_uses_its_budget() -> None:
 def test_bad_patience_is_refused() -> None:
     with pytest.raises(ValueError, match="plateau_patience"):
         StopRule({}, plateau_patience=0)
+
+
+def test_a_train_file_may_set_its_plateau_patience(tmp_path) -> None:
+    from gagpo_rllib.train import load_train_file
+
+    head = "from gagpo_rllib.algorithm import GAGPOConfig\nconfig = GAGPOConfig()\n"
+    (tmp_path / "a.py").write_text(head + "PLATEAU_PATIENCE = 12\n")
+    (tmp_path / "b.py").write_text(head)
+    (tmp_path / "c.py").write_text(head + "PLATEAU_PATIENCE = 0\n")
+    assert load_train_file(tmp_path / "a.py").plateau_patience == 12
+    assert load_train_file(tmp_path / "b.py").plateau_patience is None
+    with pytest.raises(ValueError, match="PLATEAU_PATIENCE must be an int >= 1"):
+        load_train_file(tmp_path / "c.py")
