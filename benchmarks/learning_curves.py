@@ -62,6 +62,8 @@ FIELDS = (
     "wall_s",
     "num_state_groups",
     "value_loss",
+    "episodes_sampled",
+    "uniform_group_share",
 )
 # GAGPO ablations: (advantage estimator, GAGPOConfig.gagpo overrides). Plain "gagpo" is the lam 0.95 point.
 ABLATIONS = {
@@ -74,13 +76,21 @@ ABLATIONS = {
 LORA_VARIANTS = {
     "gagpo-lora": ("gagpo", {"lora_rank": 16, "lr": 2e-3}),
 }
+# Dynamic sampling (GAGPOConfig.dynamic_sampling) on top of an estimator; these runs spend the same budget counted
+# in sampled episodes (iterations x 8 x 8), so they run fewer iterations (see ``episode_curve``).
+DYNAMIC = {
+    "gagpo-ds": ("gagpo", {"dynamic_sampling": True}),
+    "grpo-ds": ("grpo", {"dynamic_sampling": True}),
+}
+ABLATIONS = {**ABLATIONS, **DYNAMIC}
 # The full protocol: every estimator on both tasks, the ablations on the hard task, 8 seeds each.
 PROTOCOL_SEEDS = tuple(range(8))
 
 
 def protocol_variants(task: str) -> tuple[str, ...]:
     """The runs the protocol asks for on ``task``: the estimators, and on the hard task the ablations too."""
-    return ESTIMATORS + (tuple(ABLATIONS) if task == "hard" else ())
+    ablations = tuple(a for a in ABLATIONS if a not in DYNAMIC)
+    return ESTIMATORS + (ablations if task == "hard" else ()) + tuple(DYNAMIC)
 
 
 HARD_POLICY_DIR = Path(
@@ -140,10 +150,12 @@ def run_one(
     torch.set_num_threads(1)
     if str(Path(__file__).resolve().parent) not in sys.path:  # NO_STATE_KEY imports this module by name
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-    algo = make_run_config(estimator, seed, task).build_algo()
-    rows, start = [], time.perf_counter()
+    config = make_run_config(estimator, seed, task)
+    budget = iterations * config.groups_per_iteration * config.group_size  # sampled episodes
+    algo = config.build_algo()
+    rows, start, sampled, it = [], time.perf_counter(), 0, 0
     try:
-        for it in range(iterations):
+        while sampled < budget:
             result = algo.train()
             g, lp = result["gagpo"], result["learners"]["default_policy"]
             rows.append(
@@ -164,13 +176,17 @@ def run_one(
                         result["learners"].get("gagpo", {}).get("num_state_groups", np.nan)
                     ),
                     "value_loss": float(lp.get("value_loss", np.nan)),
+                    "episodes_sampled": float(sampled + g["episodes_sampled"]),
+                    "uniform_group_share": float(g.get("uniform_group_share", np.nan)),
                 }
             )
+            sampled += int(g["episodes_sampled"])
             print(
                 f"[{task} {estimator} seed {seed}] iter {it:3d} success {g['success_rate']:.2f}", flush=True
             )
             if csv_path is not None:
                 write_csv(rows, Path(f"{csv_path}.partial"))
+            it += 1
     finally:
         algo.stop()
     if csv_path is not None:
@@ -200,8 +216,22 @@ def order(names) -> list[str]:
     return sorted(set(names), key=lambda n: (known.index(n) if n in known else len(known), n))
 
 
+def episode_curve(its: list[dict], unit: int = 64) -> np.ndarray:
+    """Success per ``unit`` sampled episodes (one plain iteration's 8 x 8): unit u takes the iteration during which
+    the (u+1)-th unit's episodes were sampled. A plain run's curve is its per-iteration curve; a dynamic-sampling
+    run (more episodes per iteration) gets the same budget axis. Rows without ``episodes_sampled`` count one unit."""
+    sampled = np.array([r.get("episodes_sampled", np.nan) for r in its], dtype=float)
+    success = np.array([r["success_rate"] for r in its])
+    if np.isnan(sampled).any():
+        return success
+    units = int(sampled[-1] // unit)
+    idx = np.searchsorted(sampled, (np.arange(units) + 1) * unit - 1e-9)
+    return success[np.minimum(idx, len(success) - 1)]
+
+
 def curves_of(rows: list[dict]) -> dict[str, dict[int, np.ndarray]]:
-    """curves[estimator][seed]: success per iteration, in iteration order; a gap or a repeat raises."""
+    """curves[estimator][seed]: success per 64 sampled episodes (``episode_curve``; for a plain run, per
+    iteration), in order; a gap or a repeat of an iteration raises."""
     per_run: dict[tuple[str, int], list[dict]] = defaultdict(list)
     for r in rows:
         per_run[(r["estimator"], r["seed"])].append(r)
@@ -210,7 +240,7 @@ def curves_of(rows: list[dict]) -> dict[str, dict[int, np.ndarray]]:
         its = sorted(its, key=lambda r: r["iteration"])
         if [r["iteration"] for r in its] != list(range(len(its))):
             raise ValueError(f"run {est} seed {seed}: iterations are not 0..{len(its) - 1} exactly once each")
-        curves[est][seed] = np.array([r["success_rate"] for r in its])
+        curves[est][seed] = episode_curve(its)
     return curves
 
 
@@ -263,6 +293,30 @@ def markdown_table(summary: dict[str, dict], window: int) -> str:
     return "\n".join(lines)
 
 
+def dynamic_lines(rows: list[dict]) -> str:
+    """For the dynamic-sampling variants: iterations run for the budget, the share of uniform groups among the
+    groups sampled and the extra episodes per iteration (mean over seeds and iterations)."""
+    lines = []
+    for est in order(r["estimator"] for r in rows):
+        if est not in DYNAMIC:
+            continue
+        mine = [r for r in rows if r["estimator"] == est]
+        seeds = sorted({r["seed"] for r in mine})
+        iters = [sum(r["seed"] == s for r in mine) for s in seeds]
+        per_it = np.mean([r["episodes_sampled"] for r in mine if r["iteration"] == 0])
+        extra = []
+        for s in seeds:
+            its = sorted((r for r in mine if r["seed"] == s), key=lambda r: r["iteration"])
+            cum = [0.0] + [r["episodes_sampled"] for r in its]
+            extra += [b - a - 64 for a, b in zip(cum, cum[1:], strict=False)]
+        lines.append(
+            f"- {est}: {np.mean(iters):.0f} iterations on average for the budget ({min(iters)}-{max(iters)}); "
+            f"uniform groups {np.nanmean([r['uniform_group_share'] for r in mine]):.0%} of those sampled; "
+            f"{np.mean(extra):.1f} extra episodes per iteration (first iteration: {per_it:.0f} sampled)"
+        )
+    return ("\n\n" + "\n".join(lines)) if lines else ""
+
+
 def timing(rows: list[dict]) -> str:
     """Mean wall time per iteration (and its generation / learner parts) per estimator, from the CSVs."""
     lines = []
@@ -288,18 +342,13 @@ def plot(rows: list[dict], path: Path, title: str = "Built-in maze") -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for est in order(r["estimator"] for r in rows):
         seeds = sorted({r["seed"] for r in rows if r["estimator"] == est})
-        per_seed = []
-        for seed in seeds:
-            its = sorted(
-                (r for r in rows if r["estimator"] == est and r["seed"] == seed), key=lambda r: r["iteration"]
-            )
-            per_seed.append([r["success_rate"] for r in its])
+        per_seed = [curves_of([r for r in rows if r["estimator"] == est])[est][seed] for seed in seeds]
         n = min(map(len, per_seed))
         curves = np.array([c[:n] for c in per_seed])
         x = np.arange(1, n + 1)
         ax.plot(x, curves.mean(0), label=f"{est} ({len(seeds)} seeds)")
         ax.fill_between(x, curves.min(0), curves.max(0), alpha=0.15)
-    ax.set_xlabel("iteration (8 task instances x 8 rollouts)")
+    ax.set_xlabel("sampled episodes / 64 (= iterations of 8 task instances x 8 rollouts)")
     ax.set_ylabel("success rate of the iteration's rollouts")
     ax.set_ylim(0, 1.02)
     ax.set_title(f"{title}, tiny policy on CPU: mean over seeds, band = min..max")
@@ -413,8 +462,8 @@ def main(argv: list[str] | None = None) -> None:
         for seed in args.seeds:
             path = run_csv(runs_dir, est, seed)
             if path.exists() and not args.force:
-                done = len(read_csv(path))
-                if done != args.iterations:
+                done = len(episode_curve(sorted(read_csv(path), key=lambda r: r["iteration"])))
+                if done < args.iterations or (est not in DYNAMIC and done != args.iterations):
                     parser.error(
                         f"{path} holds {done} iterations, not --iterations {args.iterations}: rerun it with "
                         "--force or keep the budget it was run with"
@@ -501,8 +550,11 @@ def report(rows: list[dict], out: Path, window: int, *, task: str = "maze", note
     plot(rows, png_path, TITLES[task])
     summary, budget = summarise(rows, window)
     table = markdown_table(summary, window)
+    table += dynamic_lines(rows)
     md_path.write_text(
-        f"{TITLES[task]}, {note}, {budget} iterations (8 task instances x 8 rollouts each); intervals: 95% "
+        f"{TITLES[task]}, {note}, a budget of {budget} x 64 sampled episodes ({budget} iterations of 8 task "
+        "instances x 8 rollouts; dynamic-sampling runs (-ds) sample more per iteration and run fewer iterations, "
+        "their curves are read per 64 sampled episodes); intervals: 95% "
         f"percentile bootstrap over seeds (gagpo_rllib.stats); thresholds on a {window}-iteration rolling mean "
         f"('-' = not reached, (k/n) = seeds that reached it). Task: {describe_task(task)}.\n\n{table}\n"
     )

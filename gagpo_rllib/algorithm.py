@@ -37,6 +37,12 @@ from gagpo_rllib.connectors.module_to_env import INVALID, ActionParserConnector
 from gagpo_rllib.connectors.state_keys import StateKeyConnector
 from gagpo_rllib.critic import CriticRLModule
 from gagpo_rllib.critic_learner import GAGPOCriticTorchLearner
+from gagpo_rllib.dynamic_sampling import (
+    EXTRA_GROUP_ID_BASE,
+    DynamicSample,
+    extra_plan,
+    fill_informative_groups,
+)
 from gagpo_rllib.engine_sleep import rollout_engines_asleep, validate_engine_sleep
 from gagpo_rllib.env_runner import GAGPOEnvRunner, PlannedEpisode, RolloutStats, derive_seed
 from gagpo_rllib.group_sampling import (
@@ -102,6 +108,8 @@ class GAGPOConfig(AlgorithmConfig):
         self.entropy_coeff: float = 0.001
         self.invalid_penalty: float = 0.1
         self.skip_uniform_groups: bool = False
+        self.dynamic_sampling: bool = False
+        self.dynamic_sampling_max_extra_groups: int | None = None
         self.recompute_old_logprobs: bool | None = None
         # State groups: the state key choice and optional similarity grouping.
         self.state_key: str = "env"
@@ -180,6 +188,8 @@ class GAGPOConfig(AlgorithmConfig):
         entropy_coeff: float | None = NotProvided,
         invalid_penalty: float | None = NotProvided,
         skip_uniform_groups: bool | None = NotProvided,
+        dynamic_sampling: bool | None = NotProvided,
+        dynamic_sampling_max_extra_groups: int | None = NotProvided,
         recompute_old_logprobs: bool | None = NotProvided,
         state_key: str | None = NotProvided,
         state_key_history: int | None = NotProvided,
@@ -227,6 +237,11 @@ class GAGPOConfig(AlgorithmConfig):
             clip_eps, kl_coeff, entropy_coeff: loss parameters (clip range, k3 KL weight, entropy bonus).
             invalid_penalty: subtracted from the reward of an invalid step, for learning only.
             skip_uniform_groups: drop groups whose episodes all got the same return from the update.
+            dynamic_sampling: replace such uniform groups by newly drawn task instances until the batch holds
+                ``groups_per_iteration`` informative groups (DAPO's "filter groups"; see
+                ``gagpo_rllib.dynamic_sampling``). Off by default.
+            dynamic_sampling_max_extra_groups: the bound on the extra groups one iteration may play; None
+                (default) = ``groups_per_iteration`` (at most twice the rollouts of a plain iteration).
             recompute_old_logprobs: recompute the ratio's old log-probs with the learner's weights before the
                 update instead of using the rollout's; None (default) does so exactly when the rollout numerics
                 differ from the learner's (backend "vllm", or a dtype other than float32).
@@ -359,6 +374,15 @@ class GAGPOConfig(AlgorithmConfig):
         need(is_num(self.entropy_coeff) and self.entropy_coeff >= 0.0, "entropy_coeff", "a number >= 0")
         need(is_num(self.invalid_penalty) and self.invalid_penalty >= 0.0, "invalid_penalty", "a number >= 0")
         need(isinstance(self.skip_uniform_groups, bool), "skip_uniform_groups", "a bool")
+        need(isinstance(self.dynamic_sampling, bool), "dynamic_sampling", "a bool")
+        need(
+            self.dynamic_sampling_max_extra_groups is None
+            or (
+                is_int(self.dynamic_sampling_max_extra_groups) and self.dynamic_sampling_max_extra_groups >= 0
+            ),
+            "dynamic_sampling_max_extra_groups",
+            "None or an int >= 0",
+        )
         need(
             self.recompute_old_logprobs is None or isinstance(self.recompute_old_logprobs, bool),
             "recompute_old_logprobs",
@@ -679,6 +703,15 @@ class GAGPOConfig(AlgorithmConfig):
         )
 
     @property
+    def max_extra_groups(self) -> int:
+        """Dynamic sampling's bound on extra groups per iteration (0 when it is off)."""
+        if not self.dynamic_sampling:
+            return 0
+        if self.dynamic_sampling_max_extra_groups is None:
+            return int(self.groups_per_iteration)
+        return int(self.dynamic_sampling_max_extra_groups)
+
+    @property
     def uses_gradient_checkpointing(self) -> bool:
         """Whether the learners recompute activations in backward (``gradient_checkpointing``)."""
         if self.gradient_checkpointing is not None:
@@ -832,6 +865,33 @@ class GAGPO(Algorithm):
             iteration=iteration,
         )
 
+    def sample_dynamic(self, first: GroupSample, iteration: int) -> DynamicSample:
+        """Replace uniform groups of ``first`` by extra rounds (``gagpo_rllib.dynamic_sampling``)."""
+        cfg = self.config
+        bound = cfg.max_extra_groups
+        seed = int(cfg.seed or 0)
+
+        def plan_round(round_index: int, groups: int, offset: int) -> list[PlannedEpisode]:
+            return extra_plan(
+                self.num_tasks(),
+                groups=groups,
+                group_size=cfg.group_size,
+                seed=seed,
+                iteration=iteration,
+                round_index=round_index,
+                first_group_id=EXTRA_GROUP_ID_BASE + iteration * bound + offset,
+            )
+
+        return fill_informative_groups(
+            first,
+            target_groups=cfg.groups_per_iteration,
+            max_extra_groups=bound,
+            group_size=cfg.group_size,
+            uniform_of=lambda episodes: uniform_groups(episode_rows(episodes, cfg.invalid_penalty)),
+            plan_round=plan_round,
+            play=lambda plan: self.sample_whole_groups(plan, iteration),
+        )
+
     def sample_whole_groups(
         self, plan: list[PlannedEpisode], iteration: int, *, explore: bool = True
     ) -> GroupSample:
@@ -871,16 +931,31 @@ class GAGPO(Algorithm):
         t0 = time.perf_counter()
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             sample = self.sample_whole_groups(plan, iteration)
+            dynamic = self.sample_dynamic(sample, iteration) if cfg.dynamic_sampling else None
         sample_s = time.perf_counter() - t0
-        episodes = sample.episodes
+        if dynamic is not None:
+            # Rollout metrics over everything played; the update sees the informative groups only.
+            sample, episodes = dynamic.sample, dynamic.batch
+            for name, value in dynamic.metrics().items():
+                self.metrics.log_value(("gagpo", name), value, window=1)
+        else:
+            episodes = sample.episodes
+            if episodes:  # the same share dynamic sampling reports: groups without signal
+                uniform = uniform_groups(episode_rows(episodes, cfg.invalid_penalty))
+                n_groups = len({ep.custom_data["group_id"] for ep in episodes})
+                self.metrics.log_value(("gagpo", "uniform_group_share"), len(uniform) / n_groups, window=1)
         self.metrics.aggregate(sample.runner_metrics, key=ENV_RUNNER_RESULTS)
-        self.log_rollout_metrics(episodes, sample.stats, sample_s)
+        self.log_rollout_metrics(sample.episodes, sample.stats, sample_s)
+        self.metrics.log_value(("gagpo", "episodes_sampled"), float(len(sample.episodes)), window=1)
         for name, value in sample.metrics().items():
             self.metrics.log_value(("gagpo", name), value, window=1)
 
         trainable = bool(episodes)
         if not trainable:
-            logger.warning("GAGPO: iteration %d: no complete group came back; update skipped", iteration)
+            why = "no complete group came back"
+            if dynamic is not None and sample.episodes:
+                why = "no informative group within dynamic_sampling_max_extra_groups"
+            logger.warning("GAGPO: iteration %d: %s; update skipped", iteration, why)
         elif cfg.skip_uniform_groups:
             rows = episode_rows(episodes, cfg.invalid_penalty)
             trainable = len(uniform_groups(rows)) < len(set(rows.group_id.tolist()))

@@ -53,6 +53,13 @@ def _add_train_file(sub: argparse._SubParsersAction) -> None:
         help="JSON stop criteria, e.g. '{\"training_iteration\": 20}'",
     )
     p.add_argument(
+        "--plateau",
+        type=int,
+        default=None,
+        help="also stop when success has not risen for N iterations (default: the file's PLATEAU_PATIENCE, "
+        "else never)",
+    )
+    p.add_argument(
         "--checkpoint-freq", type=int, default=0, help="checkpoint every N iterations (0: only at end)"
     )
     p.add_argument(
@@ -417,9 +424,11 @@ def run_train_file(args: argparse.Namespace) -> int:
     if args.num_env_runners is not None:
         config = config.copy(copy_frozen=False).env_runners(num_env_runners=args.num_env_runners)
     stop = args.stop if args.stop is not None else spec.stop
+    plateau = args.plateau if args.plateau is not None else spec.plateau_patience
     results = train(
         config,
         stop=stop,
+        plateau_patience=plateau or None,
         storage_path=args.storage_path,
         name=args.name,
         checkpoint_freq=args.checkpoint_freq,

@@ -175,8 +175,10 @@ def alfworld_demonstrations(
 
 def _webshop_script(env: Any, task_id: int, goal: dict) -> list[str] | None:
     """The purchase script of ``goal`` on a fresh episode (played through ``env``), or None if it cannot buy."""
-    env.reset(seed=0, options={"task_id": task_id})
-    actions = [f"search[{goal['query']}]"]
+    _, info = env.reset(seed=0, options={"task_id": task_id})
+    searches = [a for a in info["admissible_actions"] if a.startswith("search[") and a != SEARCH_TEMPLATE]
+    # Under the env's "goal_prefix" search grammar the longest offered search is the one admissible full query.
+    actions = [searches[-1] if searches else f"search[{goal['query']}]"]
     _, _, _, _, info = env.step(actions[0])
     target = f"click[{str(goal['asin']).lower()}]"
     for _ in range(_MAX_RESULT_PAGES):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 from ray import tune
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -31,6 +32,7 @@ __all__ = [
     "find_metric",
     "describe_env",
     "ProgressPrinter",
+    "StopRule",
     "with_ray_metrics",
 ]
 
@@ -41,11 +43,13 @@ SUCCESS_KEYS = ("success_rate", "episode_success_mean", "won_mean")
 
 @dataclass
 class TrainSpec:
-    """What a tuned-example file defines: ``config`` (an AlgorithmConfig) and, optionally, ``stop``."""
+    """What a tuned-example file defines: ``config`` (an AlgorithmConfig) and, optionally, ``stop`` and
+    ``PLATEAU_PATIENCE`` (see ``StopRule``)."""
 
     config: AlgorithmConfig
     stop: dict[str, Any]
     path: Path
+    plateau_patience: int | None = None
 
 
 def load_train_file(path: str | os.PathLike) -> TrainSpec:
@@ -62,7 +66,10 @@ def load_train_file(path: str | os.PathLike) -> TrainSpec:
     stop = namespace.get("stop", {}) or {}
     if not isinstance(stop, Mapping):
         raise ValueError(f"{path}: `stop` must be a dict of metric -> threshold, got {type(stop).__name__}")
-    return TrainSpec(config=config, stop=dict(stop), path=path)
+    plateau = namespace.get("PLATEAU_PATIENCE")
+    if plateau is not None and (not isinstance(plateau, int) or isinstance(plateau, bool) or plateau < 1):
+        raise ValueError(f"{path}: PLATEAU_PATIENCE must be an int >= 1, got {plateau!r}")
+    return TrainSpec(config=config, stop=dict(stop), path=path, plateau_patience=plateau)
 
 
 def _flatten(result: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -101,12 +108,91 @@ def describe_env(config: Mapping[str, Any] | None) -> str | None:
         return None
 
 
+class StopRule(tune.Stopper):
+    """Tune's ``stop`` dict (a trial stops when a metric reaches its value) plus an optional plateau rule, and the
+    reason why each trial stopped, in words (``ProgressPrinter`` prints it after the last line).
+
+    Plateau: with ``plateau_patience`` N, a trial stops when the success rate's ``window``-iteration rolling mean
+    has not risen more than ``min_delta`` above its best for N iterations: a run whose groups have stopped
+    carrying signal (every task either always solved or never) then ends early and says so instead of spending
+    the rest of its budget at the same value.
+    """
+
+    def __init__(
+        self,
+        stop: Mapping[str, Any] | None = None,
+        *,
+        plateau_patience: int | None = None,
+        window: int = 5,
+        min_delta: float = 0.02,
+    ):
+        if plateau_patience is not None and (not isinstance(plateau_patience, int) or plateau_patience < 1):
+            raise ValueError(f"plateau_patience must be None or an int >= 1, got {plateau_patience!r}")
+        self.stop = dict(stop or {})
+        self.patience, self.window, self.min_delta = plateau_patience, window, min_delta
+        self.reasons: dict[str, str] = {}
+        self._history: dict[str, list[float]] = {}
+        self._best: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        flat = _flatten(result)
+        it = int(result.get("training_iteration", 0))
+        success = find_metric(result)
+        if success is not None:
+            history = self._history.setdefault(trial_id, [])
+            history.append(success)
+        for key, goal in self.stop.items():
+            value = flat.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= goal:
+                if key == "training_iteration":
+                    best = max(self._history.get(trial_id, [float("nan")]))
+                    goals = ", ".join(f"{k} {v}" for k, v in self.stop.items() if k != key)
+                    self.reasons[trial_id] = (
+                        f"stopped: the budget of {goal} iterations is spent"
+                        + (f" before reaching {goals}" if goals else "")
+                        + (f"; best success {best:.1%}" if success is not None else "")
+                    )
+                else:
+                    self.reasons[trial_id] = f"stopped at iteration {it}: {key} = {value:.3g} reached {goal}"
+                return True
+        if self.patience is None or success is None:
+            return False
+        history = self._history[trial_id]
+        if len(history) < self.window:
+            return False
+        rolling = float(np.mean(history[-self.window :]))
+        best, best_it = self._best.get(trial_id, (-math.inf, 0))
+        if rolling > best + self.min_delta:
+            self._best[trial_id] = (rolling, it)
+            return False
+        if it - best_it >= self.patience:
+            reason = (
+                f"stopped at iteration {it}: success has plateaued; its {self.window}-iteration mean has not risen "
+                f"more than {self.min_delta:.0%} above {best:.1%} (reached at iteration {best_it}) for "
+                f"{self.patience} iterations (latest {history[-1]:.1%})"
+            )
+            uniform = find_metric(result, ("uniform_group_share",))
+            if uniform is not None:
+                reason += (
+                    f"; {uniform:.0%} of the last iteration's groups got the same return in all their rollouts "
+                    "(no learning signal; GAGPOConfig.dynamic_sampling replaces such groups)"
+                )
+            self.reasons[trial_id] = reason
+            return True
+        return False
+
+    def stop_all(self) -> bool:
+        return False
+
+
 class ProgressPrinter(tune.Callback):
     """One line per iteration: iteration, success, mean task score (when the env reports one), return, time per
-    iteration, ETA to the iteration limit, and what the env plays on (``describe_env``)."""
+    iteration, ETA to the iteration limit, and what the env plays on (``describe_env``); after a trial's last
+    line, why it stopped (``StopRule``)."""
 
-    def __init__(self, stop: Mapping[str, Any] | None = None):
+    def __init__(self, stop: Mapping[str, Any] | None = None, stop_rule: StopRule | None = None):
         self.max_iterations = (stop or {}).get("training_iteration")
+        self.stop_rule = stop_rule
         self._described: dict[str, str | None] = {}
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
@@ -131,6 +217,9 @@ class ProgressPrinter(tune.Callback):
         if self._described[trial_id]:
             parts.append(f"| {self._described[trial_id]}")
         print("  ".join(parts), flush=True)
+        reason = self.stop_rule.reasons.get(trial_id) if self.stop_rule is not None else None
+        if reason:
+            print(f"[{trial_id}] {reason}", flush=True)
 
 
 def with_ray_metrics(config: AlgorithmConfig) -> AlgorithmConfig:
@@ -285,6 +374,7 @@ def train(
     verbose: int = 0,
     shared_storage: bool = False,
     listen_all: bool = False,
+    plateau_patience: int | None = None,
 ) -> tune.ResultGrid:
     """Train ``config`` under Tune until ``stop``; returns the ResultGrid and prints where results went.
 
@@ -294,12 +384,14 @@ def train(
     ``checkpoint_freq`` too or the restart begins from scratch. ``storage_path`` is a folder or a URI Tune
     supports (``s3://``, ``gs://``, ...); on a cluster of several nodes a node-local folder is refused
     (``check_storage``; ``shared_storage`` declares it a shared mount). ``listen_all``: a Ray started here listens
-    on every interface instead of loopback only.
+    on every interface instead of loopback only. ``plateau_patience`` N: also stop a trial whose success has not
+    risen for N iterations (``StopRule``); the reason a trial stopped is printed.
     """
     init_ray(num_cpus=num_cpus, dashboard=dashboard, listen_all=listen_all)
     if dashboard:
         config = with_ray_metrics(config)
     stop = dict(stop or {})
+    stop_rule = StopRule(stop, plateau_patience=plateau_patience)
     storage_path = storage_path or Path.cwd() / "results"
     storage_path = str(storage_path) if is_uri(storage_path) else str(Path(storage_path).resolve())
     check_storage(storage_path, shared=shared_storage)
@@ -317,9 +409,9 @@ def train(
     run_config = tune.RunConfig(
         name=name,
         storage_path=storage_path,
-        stop=stop,
+        stop=stop_rule,
         verbose=verbose,
-        callbacks=[ProgressPrinter(stop)],
+        callbacks=[ProgressPrinter(stop, stop_rule)],
         checkpoint_config=tune.CheckpointConfig(
             checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end
         ),

@@ -2,8 +2,9 @@
 
 Run ``python tuned_examples/gagpo_builtin.py`` (or ``rllib train file tuned_examples/gagpo_builtin.py``): it builds a
 tiny random-init Qwen2-style policy with a tokenizer trained on the maze's own texts (no download), trains until
-80% of the rollouts succeed or the iteration budget is spent, prints one progress line per iteration, and ends by
-printing where the results and the checkpoint are. Settings follow ``shared/notes/cpu-learning.md``: 8 task
+80% of an iteration's rollouts succeed, the iteration budget is spent or success has plateaued (its 5-iteration
+mean has not risen for ``PLATEAU_PATIENCE`` iterations), prints one progress line per iteration, then why it
+stopped and where the results and the checkpoint are. Settings follow ``shared/notes/cpu-learning.md``: 8 task
 instances x 8 rollouts per iteration, lr 5e-4, entropy bonus 0.01, one epoch in minibatches of 512 steps.
 """
 
@@ -56,6 +57,7 @@ def make_config(
 
 config = make_config()
 stop = {"gagpo/success_rate": 0.8, "training_iteration": 150}
+PLATEAU_PATIENCE = 30
 
 
 if __name__ == "__main__":
@@ -64,6 +66,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=150, help="iteration budget")
     parser.add_argument("--storage", default="results", help="folder for results and checkpoints")
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=PLATEAU_PATIENCE,
+        help="stop when success has not risen for this many iterations (0: never)",
+    )
     parser.add_argument("--estimator", default="gagpo", choices=["gagpo", "gigpo", "grpo", "rloo", "ppo"])
     args = parser.parse_args()
     config = make_config(estimator=args.estimator)
@@ -73,4 +81,5 @@ if __name__ == "__main__":
         storage_path=args.storage,
         name=f"{args.estimator}_builtin_maze",
         num_cpus=2,
+        plateau_patience=args.patience or None,
     )

@@ -10,9 +10,11 @@ every 5 iterations on the eval split at temperature 0.4 (``evaluation/valid/scor
 ``rllib evaluate`` prints the same columns for a checkpoint).
 
 Without a model it is the embedded CPU default: a tiny random-init policy whose tokenizer is trained on the bundled
-catalogue's pages, constrained decoding over the admissible actions (so ``search[<your query>]`` is sent as it is:
-the tiny policy can click and buy but cannot compose queries), 4 goals x 4 rollouts, 5 iterations, then a
-validation on 8 eval goals.
+catalogue's pages, constrained decoding over the admissible actions, where a search is typed from the goal's own
+words (the env's ``search_grammar="goal_prefix"``: ``search[w1 ... wk]`` for any k, see envs/webshop/search_grammar.py),
+the purchase score (0-1) as the reward (``reward_mode="score"``: the tiny policy learns from partial matches before
+it ever buys the exact product), 4 goals x 4 rollouts, ``CPU_ITERATIONS`` iterations (about 25 minutes on 2 cores),
+validation on 8 eval goals every 5 iterations.
 
     rllib train file tuned_examples/gagpo_webshop.py --stop '{"training_iteration": 2}'
     GAGPO_MODEL=/models/Qwen2.5-1.5B-Instruct python tuned_examples/gagpo_webshop.py --iterations 150
@@ -33,23 +35,28 @@ from gagpo_rllib.models import build_tiny_policy
 
 VALID_SPLIT = "eval"
 POLICY_DIR = Path(
-    os.environ.get("GAGPO_TINY_WEBSHOP_DIR", Path.home() / ".cache" / "gagpo_rllib" / "tiny_webshop_policy")
+    os.environ.get(
+        "GAGPO_TINY_WEBSHOP_DIR", Path.home() / ".cache" / "gagpo_rllib" / "tiny_webshop_search_policy"
+    )
 )
 # Learners (DDP, whole groups each) and EnvRunners (one rollout backend each): README "Scaling out".
 NUM_LEARNERS, NUM_ENV_RUNNERS = paper_setup.scale_out_from_env()
 ENV_CONFIG = {"split": "train", "strip_instruction": True}
+# The CPU default types searches from the goal's words and learns from the purchase score.
+CPU_ENV_CONFIG = {**ENV_CONFIG, "search_grammar": "goal_prefix", "reward_mode": "score"}
+CPU_ITERATIONS = 40
 # The GiGPO reference's goals: train on [500:], validate on [:500] (WebShop's own baselines: test [:500]).
 PAPER_ENV_CONFIG = {**ENV_CONFIG, "split_scheme": "gigpo"}
 
 
 def webshop_corpus(num_goals: int = 24) -> list[str]:
     """Goals, the search page, a results page and a product page for the first training goals."""
-    env = WebShopEnv(ENV_CONFIG)
+    env = WebShopEnv(CPU_ENV_CONFIG)
     texts: list[str] = []
     for task_id in range(min(num_goals, env.num_tasks)):
         obs, info = env.reset(seed=0, options={"task_id": task_id})
         texts += [obs, info["task"], *info["admissible_actions"]]
-        obs, _, _, _, info = env.step(f"search[{info['task']}]")
+        obs, _, _, _, info = env.step(info["admissible_actions"][-1])
         texts += [obs, *info["admissible_actions"]]
         products = [a for a in info["admissible_actions"] if a.startswith("click[b0")]
         if products:
@@ -91,7 +98,7 @@ def cpu_config(
     """The embedded default: a tiny policy on the bundled catalogue, constrained decoding, CPU only."""
     config = (
         GAGPOConfig()
-        .environment(WebShopEnv, env_config=dict(ENV_CONFIG))
+        .environment(WebShopEnv, env_config=dict(CPU_ENV_CONFIG))
         .env_runners(num_env_runners=num_env_runners)
         .learners(num_learners=NUM_LEARNERS)
         .gagpo(
@@ -103,7 +110,7 @@ def cpu_config(
             history_length=2,
             max_prompt_tokens=1024,
             constrained_decoding=True,
-            max_new_tokens=24,
+            max_new_tokens=48,
             kl_coeff=0.01,
             entropy_coeff=0.01,
         )
@@ -126,7 +133,7 @@ def make_config(model_path: str | None = None, **kwargs) -> GAGPOConfig:
 
 MODEL = os.environ.get("GAGPO_MODEL")
 config = make_config(MODEL)
-stop = {"training_iteration": 150 if MODEL else 5}
+stop = {"training_iteration": 150 if MODEL else CPU_ITERATIONS}
 
 
 if __name__ == "__main__":
@@ -144,7 +151,7 @@ if __name__ == "__main__":
     config = paper_config(args.model, num_gpus=args.gpus) if args.model else cpu_config()
     train(
         config,
-        stop={**stop, "training_iteration": args.iterations or (150 if args.model else 5)},
+        stop={**stop, "training_iteration": args.iterations or (150 if args.model else CPU_ITERATIONS)},
         storage_path=args.storage,
         name="gagpo_webshop",
         checkpoint_freq=args.checkpoint_freq,

@@ -11,7 +11,11 @@ success_reward (10.0), noun_extractor ('auto' | 'spacy' | 'fallback'), strip_ins
 original does; True: the observation starts after it, as verl-agent's prompts show pages, since the prompt
 carries the task already), state_key ('page': info["state_key"] is the full page text, as the GiGPO reference
 groups states, so pages that differ only in selected options are one state; 'page_and_options': the page text
-plus the options selected on an item page, which are invisible in the text but change what 'buy now' earns).
+plus the options selected on an item page, which are invisible in the text but change what 'buy now' earns),
+search_grammar ('placeholder': a search bar is offered as the one admissible string 'search[<your query>]', for
+policies that write their own query; 'goal_prefix': as the concrete commands search[w1], search[w1 w2], ... over
+the goal's query words, for constrained decoding, see search_grammar.py; info["search_words"] holds the words),
+max_search_words (10: the longest query the 'goal_prefix' grammar offers).
 
 info["provenance"] names the data (bundled or the user's files), the noun extractor and the split with its goal
 range; ``WebShopEnv.describe_config`` gives the same without building the shop (for progress lines).
@@ -31,6 +35,7 @@ from envs.webshop.browser import transition
 from envs.webshop.goals import FULL_SIZE_GOALS, SPLIT_SCHEMES
 from envs.webshop.nouns import make_noun_extractor
 from envs.webshop.pages import Page, RenderedPage, render
+from envs.webshop.search_grammar import GRAMMARS, goal_search_commands, goal_search_words
 from envs.webshop.shop import WebShop, get_shop
 
 __all__ = ["DEFAULT_CONFIG", "STATE_KEYS", "WebShopEnv"]
@@ -52,6 +57,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "noun_extractor": "auto",
     "strip_instruction": False,
     "state_key": "page",
+    "search_grammar": "placeholder",
+    "max_search_words": 10,
 }
 STATE_KEYS = ("page", "page_and_options")
 _WIN_TOLERANCE = 1e-9
@@ -72,6 +79,14 @@ def _check_config(config: dict[str, Any] | None) -> dict[str, Any]:
         )
     if merged["state_key"] not in STATE_KEYS:
         raise ValueError(f"WebShopEnv: state_key must be one of {STATE_KEYS}, got {merged['state_key']!r}")
+    if merged["search_grammar"] not in GRAMMARS:
+        raise ValueError(
+            f"WebShopEnv: search_grammar must be one of {GRAMMARS}, got {merged['search_grammar']!r}"
+        )
+    if not isinstance(merged["max_search_words"], int) or merged["max_search_words"] < 1:
+        raise ValueError(
+            f"WebShopEnv: max_search_words must be a positive int, got {merged['max_search_words']!r}"
+        )
     if merged["reward_mode"] not in ("won", "score"):
         raise ValueError(f"WebShopEnv: reward_mode must be 'won' or 'score', got {merged['reward_mode']!r}")
     if merged["num_products"] is not None and (
@@ -242,13 +257,20 @@ class WebShopEnv(gym.Env):
 
     def _info(self, *, invalid: bool) -> dict[str, Any]:
         rendered = self._rendered
-        admissible = ["search[<your query>]"] if rendered.has_search_bar else []
+        words = goal_search_words(self._goal["instruction_text"], self.config["max_search_words"])
+        if not rendered.has_search_bar:
+            admissible = []
+        elif self.config["search_grammar"] == "goal_prefix" and words:
+            admissible = goal_search_commands(words)
+        else:
+            admissible = ["search[<your query>]"]
         admissible += [f"click[{c}]" for c in rendered.clickables if c != "search"]
         info = {
             "task": self._goal["instruction_text"],
             "task_id": self._task_id,
             "task_type": self._goal["category"],
             "admissible_actions": admissible,
+            "search_words": words,
             "available_actions": {
                 "has_search_bar": rendered.has_search_bar,
                 "clickables": list(rendered.clickables),

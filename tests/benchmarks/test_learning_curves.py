@@ -213,7 +213,9 @@ def test_from_csv_merges_the_runs_into_csv_md_png(tmp_path: Path) -> None:
     out = tmp_path / "maze"
 
     md = (out / "learning_curves.md").read_text()
-    assert md.startswith("Built-in maze, merged from 8 CSV file(s), 4 iterations ")
+    assert md.startswith(
+        "Built-in maze, merged from 8 CSV file(s), a budget of 4 x 64 sampled episodes (4 iterations "
+    )
     assert f"thresholds on a {WINDOW}-iteration rolling mean" in md
     table = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| estimator")]
     assert table[1:] == expected_rows()  # table[0] is the separator
@@ -254,7 +256,9 @@ def test_from_csv_ignores_unfinished_runs(tmp_path: Path) -> None:
     write_run(runs / "gagpo_seed0.csv.partial", run_rows("gagpo", 0, [1.0]))
     from_csv(tmp_path)
     md = (tmp_path / "maze" / "learning_curves.md").read_text()
-    assert md.startswith("Built-in maze, merged from 8 CSV file(s), 4 iterations ")
+    assert md.startswith(
+        "Built-in maze, merged from 8 CSV file(s), a budget of 4 x 64 sampled episodes (4 iterations "
+    )
     assert "| gigpo |" not in md
     assert [line for line in md.splitlines() if line.startswith("| gagpo |")] == expected_rows()[:1]
     merged = (tmp_path / "maze" / "learning_curves.csv").read_text()
@@ -317,9 +321,12 @@ def test_missing_runs_are_the_protocol_seeds_without_a_finished_csv(tmp_path: Pa
         "grpo": [0, *rest],
         "rloo": list(range(7)),
         "ppo": [1, 2, 3, *rest],
+        "gagpo-ds": list(range(8)),
+        "grpo-ds": list(range(8)),
     }
     hard = lc.missing_runs(write_runs(tmp_path, "hard"), "hard")
     assert list(hard) == [*lc.ESTIMATORS, *lc.ABLATIONS] and hard["gagpo-lam0"] == list(range(8))
+    assert list(lc.ABLATIONS)[-2:] == list(lc.DYNAMIC)  # the dynamic-sampling rows come last on both tasks
 
 
 def test_missing_report_gives_one_command_per_seed_and_the_hours_left(tmp_path: Path) -> None:
@@ -328,21 +335,34 @@ def test_missing_report_gives_one_command_per_seed_and_the_hours_left(tmp_path: 
     rows[-1]["wall_s"] = 7200.0  # a run's wall time is its last row's
     write_run(runs / "gagpo_seed0.csv", rows)
     report = lc.missing_report(runs, "maze", 100, num_cpus=2).splitlines()
-    assert report[0] == "maze: 1 of 40 protocol runs finished (8 seeds each)"
+    assert report[0] == "maze: 1 of 56 protocol runs finished (8 seeds each)"
     prefix = "python benchmarks/learning_curves.py --task maze --iterations 100"
-    assert report[1] == f"{prefix} --seeds 0 --estimators gigpo grpo rloo ppo"
+    assert report[1] == f"{prefix} --seeds 0 --estimators gigpo grpo rloo ppo gagpo-ds grpo-ds"
     assert report[2:9] == [
-        f"{prefix} --seeds {s} --estimators gagpo gigpo grpo rloo ppo" for s in range(1, 8)
+        f"{prefix} --seeds {s} --estimators gagpo gigpo grpo rloo ppo gagpo-ds grpo-ds" for s in range(1, 8)
     ]
-    # 39 runs x 2 h (the only finished run's wall time), 2 at once
-    assert report[9] == "about 39.0 h at 2 runs in parallel"
+    # 55 runs x 2 h (the only finished run's wall time), 2 at once
+    assert report[9] == "about 55.0 h at 2 runs in parallel"
     assert len(report) == 10
 
 
 def test_missing_with_every_run_present_says_so(tmp_path: Path) -> None:
     runs = tmp_path / "maze" / "runs"
-    for est in lc.ESTIMATORS:
+    for est in lc.protocol_variants("maze"):
         for seed in lc.PROTOCOL_SEEDS:
             write_run(runs / f"{est}_seed{seed}.csv", run_rows(est, seed, [0.5]))
     assert lc.missing_runs(runs, "maze") == {}
-    assert lc.missing_report(runs, "maze", 100, 2) == "maze: 40 of 40 protocol runs finished (8 seeds each)"
+    assert lc.missing_report(runs, "maze", 100, 2) == "maze: 56 of 56 protocol runs finished (8 seeds each)"
+
+
+def test_episode_curve_reads_success_per_64_sampled_episodes() -> None:
+    """A dynamic-sampling run samples more per iteration: its curve is read on the same budget axis."""
+    plain = [{"success_rate": s, "episodes_sampled": 64.0 * (i + 1)} for i, s in enumerate([0.1, 0.2, 0.3])]
+    assert lc.episode_curve(plain).tolist() == [0.1, 0.2, 0.3]
+    # 96, 200, 256 episodes: units 1 (<= 64) and 2 (<= 128) were sampled in iteration 0 and 1, ...
+    dynamic = [
+        {"success_rate": s, "episodes_sampled": e} for s, e in [(0.1, 96.0), (0.5, 200.0), (0.9, 256.0)]
+    ]
+    assert lc.episode_curve(dynamic).tolist() == [0.1, 0.5, 0.5, 0.9]
+    old = [{"success_rate": 0.4, "episodes_sampled": float("nan")}, {"success_rate": 0.6}]
+    assert lc.episode_curve(old).tolist() == [0.4, 0.6]  # runs written before the column: one unit each

@@ -69,6 +69,7 @@ def test_help_lists_every_command_and_train_option(capsys) -> None:
         "--restore",
         "--resume",
         "--max-failures",
+        "--plateau",
     ):
         assert option in text
     with pytest.raises(SystemExit):

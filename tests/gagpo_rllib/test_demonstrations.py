@@ -114,6 +114,18 @@ def test_webshop_scripted_purchases_buy_the_target_with_its_options() -> None:
     assert webshop_demonstrations(config, num_tasks=4, seed=3).demonstrations == demo_set.demonstrations
 
 
+def test_webshop_scripted_purchases_type_the_full_goal_prefix_search() -> None:
+    """Under search_grammar 'goal_prefix' the script types the longest offered search, an admissible one."""
+    config = {"split": "train", "strip_instruction": True, "search_grammar": "goal_prefix"}
+    demo_set = webshop_demonstrations(config, num_tasks=4, seed=3)
+    assert demo_set.skipped == {} and len(demo_set.demonstrations) == 4
+    for demo in demo_set.demonstrations:
+        first = demo.steps[0]
+        searches = [a for a in first.admissible if a.startswith("search[")]
+        assert first.action == searches[-1] and len(searches) > 1 and demo.won
+        assert all(s.action in s.admissible for s in demo.steps)
+
+
 def test_task_selection_and_unknown_envs_are_named() -> None:
     with pytest.raises(ValueError, match="not both"):
         webshop_demonstrations(task_ids=[0], num_tasks=1)
