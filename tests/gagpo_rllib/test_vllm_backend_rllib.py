@@ -91,6 +91,23 @@ def test_two_iterations_sync_the_learners_weights_into_the_engine(ray_cluster, t
             algo.stop()
 
 
+def test_free_answers_at_temperature_0_6_start_every_iteration_at_ratio_one(
+    ray_cluster, tiny_maze_config
+) -> None:
+    """The learner recomputes the behaviour log-probs of the engine's samples: ratio 1 in every iteration."""
+    with fake_vllm_on_path():
+        config = _remote_config(tiny_maze_config, temperature=0.6, constrained_decoding=False)
+        assert config.uses_recomputed_old_logprobs
+        algo = config.build_algo()
+        try:
+            devs = [
+                algo.train()["learners"]["default_policy"]["first_minibatch_ratio_max_dev"] for _ in range(3)
+            ]
+        finally:
+            algo.stop()
+    assert max(devs) < 1e-6, devs
+
+
 def test_validation_refuses_vllm_without_recomputed_old_logprobs(tiny_maze_config) -> None:
     with pytest.raises(ValueError, match="recompute_old_logprobs"):
         tiny_maze_config(backend="vllm", recompute_old_logprobs=False).validate()
