@@ -750,6 +750,14 @@ def model_linear_names(model_path: str | None) -> list[str] | None:
     return linear_module_names(model)
 
 
+def _process_engines() -> int:
+    """vLLM engines this process has started (0 when the vLLM backend was never imported)."""
+    import sys
+
+    vllm_backend = sys.modules.get("gagpo_rllib.generation.vllm")
+    return vllm_backend.engines_started() if vllm_backend is not None else 0
+
+
 def reward_signal_shares(episodes: list) -> dict[str, float]:
     """Shares of groups whose advantages carry no reward signal, by kind (0.0 each with no episode).
 
@@ -833,6 +841,8 @@ class GAGPO(Algorithm):
     def setup(self, config) -> None:
         """RLlib's set-up; then the evaluation runners take their weights as the training runners do
         (``gagpo_rllib.weight_sync``: one object-store copy put by learner 0, not one through the driver)."""
+        # Engines this process started before this Algorithm (another run in the same process) are not its own.
+        self._engines_before = _process_engines()
         super().setup(config)
         evaluation = getattr(self, "eval_env_runner_group", None)
         if (
@@ -997,11 +1007,8 @@ class GAGPO(Algorithm):
     def engine_census(self) -> dict[str, Any]:
         """vLLM engines started so far: by the training runners, the evaluation runners and the Algorithm's own
         process (where the local runners live; 0 by design), with each remote runner's report."""
-        import sys
-
-        vllm_backend = sys.modules.get("gagpo_rllib.generation.vllm")
         census: dict[str, Any] = {
-            "algorithm_process": vllm_backend.engines_started() if vllm_backend is not None else 0,
+            "algorithm_process": _process_engines() - getattr(self, "_engines_before", 0),
             "reports": {},
         }
         groups = {

@@ -93,7 +93,11 @@ def test_paper_setup_with_a_model(
     c.validate()
     module = importlib.import_module(f"tuned_examples.gagpo_{name}")
     gpu = module.paper_config(str(tiny_policy_path), num_gpus=1)
-    assert (gpu.backend, gpu.dtype, gpu.num_gpus_per_env_runner) == ("vllm", "bfloat16", 0.5)
+    # one GPU: half for the learner, half for the runner, of which a fifth is left to the validation runner
+    assert (gpu.backend, gpu.dtype, gpu.num_gpus_per_env_runner) == ("vllm", "bfloat16", pytest.approx(0.4))
+    assert gpu.num_gpus_per_learner == 0.5 and gpu.evaluation_config[
+        "num_gpus_per_env_runner"
+    ] == pytest.approx(0.1)
     assert (
         gpu.evaluation_config["backend_kwargs"]["gpu_memory_utilization"]
         < gpu.backend_kwargs["gpu_memory_utilization"]
