@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 from gagpo_rllib.ray_metrics import gauge_name, metric_values
-from tests.gagpo_rllib.train_files import tiny_maze_train_file
+from tests.gagpo_rllib.train_files import running_train_file, tiny_maze_train_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = (
@@ -72,30 +67,12 @@ def test_dashboard_exposes_gagpo_metrics_while_training(tmp_path: Path, tiny_pol
     train_file = tmp_path / "maze_tiny.py"
     train_file.write_text(tiny_maze_train_file(tiny_policy_path))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-    command = [
-        sys.executable,
-        "-m",
-        "gagpo_rllib.cli",
-        "train",
-        "file",
-        str(train_file),
-        "--stop",
-        '{"training_iteration": 50}',
-        "--dashboard",
-        "--num-cpus",
-        "2",
-        "--storage-path",
-        str(tmp_path / "results"),
-    ]
-    proc = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    args = ["--stop", '{"training_iteration": 50}', "--dashboard", "--num-cpus", "2"]
+    args += ["--storage-path", str(tmp_path / "results")]
     seen: dict[str, float] = {}
     dashboard = None
     log: list[str] = []
-    try:
+    with running_train_file(train_file, args, cwd=ROOT, env=env) as (proc, lines):
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
             while not lines.empty():
@@ -112,13 +89,6 @@ def test_dashboard_exposes_gagpo_metrics_while_training(tmp_path: Path, tiny_pol
                 if all(name in seen for name in EXPECTED) and seen["ray_gagpo_training_iteration"] >= 2:
                     break
             time.sleep(2)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     assert dashboard is not None and dashboard.startswith("http://127.0.0.1:"), "".join(log[-30:])
     missing = [name for name in EXPECTED if name not in seen]
     assert not missing, f"missing {missing}; got {sorted(seen)}\n" + "".join(log[-30:])

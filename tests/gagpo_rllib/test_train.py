@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import queue
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +16,7 @@ from ray.cluster_utils import Cluster
 
 from gagpo_rllib.cli import main
 from gagpo_rllib.train import NodeLocalStorageError, check_storage, filesystem_type
-from tests.gagpo_rllib.train_files import tiny_maze_train_file
+from tests.gagpo_rllib.train_files import running_train_file, tiny_maze_train_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -122,28 +117,10 @@ def test_a_single_machine_run_listens_on_loopback_only(tmp_path: Path, tiny_poli
     train_file.write_text(tiny_maze_train_file(tiny_policy_path))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT))
-    command = [
-        sys.executable,
-        "-m",
-        "gagpo_rllib.cli",
-        "train",
-        "file",
-        str(train_file),
-        "--stop",
-        '{"training_iteration": 50}',
-        "--num-cpus",
-        "2",
-        "--storage",
-        str(tmp_path / "results"),
-    ]
-    proc = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    args = ["--stop", '{"training_iteration": 50}', "--num-cpus", "2", "--storage", str(tmp_path / "results")]
     log: list[str] = []
     sockets: list[tuple[int, str, str, int]] = []
-    try:
+    with running_train_file(train_file, args, cwd=ROOT, env=env) as (proc, lines):
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
             while not lines.empty():
@@ -152,13 +129,6 @@ def test_a_single_machine_run_listens_on_loopback_only(tmp_path: Path, tiny_poli
                 sockets = _listening(psutil.Process(proc.pid))
                 break
             time.sleep(1)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     assert sockets, "no listening socket seen\n" + "".join(log[-30:])
     names = {name for _, name, _, _ in sockets}
     assert any("gcs_server" in n for n in names) and any("raylet" in n for n in names), names

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -32,3 +39,26 @@ config = (
     .debugging(seed=0){config_tail}
 )
 {tail}"""
+
+
+@contextlib.contextmanager
+def running_train_file(
+    train_file: Path, args: list[str], *, cwd: Path, env: dict[str, str]
+) -> Iterator[tuple[subprocess.Popen, queue.Queue[str]]]:
+    """``rllib train file`` (``python -m gagpo_rllib.cli``) in a process of its own, its output lines in a queue;
+    interrupted (SIGINT, then killed after 90 s) when the block ends."""
+    command = [sys.executable, "-m", "gagpo_rllib.cli", "train", "file", str(train_file), *args]
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        yield proc, lines
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
