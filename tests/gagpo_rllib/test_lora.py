@@ -30,7 +30,7 @@ def ray_cluster():
     ray.shutdown()
 
 
-def _module(path: Path, *, inference_only: bool, lora: dict | None = LORA) -> LLMRLModule:
+def _module(path: Path, *, inference_only: bool, lora: dict | None = LORA, **model_config) -> LLMRLModule:
     return LLMRLModule(
         observation_space=TextSpace(),
         action_space=TextSpace(),
@@ -39,6 +39,7 @@ def _module(path: Path, *, inference_only: bool, lora: dict | None = LORA) -> LL
             "model_path": str(path),
             "sampling": {"temperature": 1.0, "max_new_tokens": 6, "constrained": True},
             "lora": lora,
+            **model_config,
         },
     )
 
@@ -135,17 +136,7 @@ def test_learner_forwards_run_the_hf_model_with_its_cache_keyword_and_checkpoint
     out = runner_side.forward_exploration({PROMPTS: _prompts(runner_side), ADMISSIBLE: ADM, GEN_SEED: 7})
     batch = _train_batch(out, module, True)
     shared = module.forward_train(batch)["logp"]
-    checkpointed = LLMRLModule(
-        observation_space=TextSpace(),
-        action_space=TextSpace(),
-        inference_only=False,
-        model_config={
-            "model_path": str(tiny_policy_path),
-            "sampling": {"temperature": 1.0, "max_new_tokens": 6, "constrained": True},
-            "lora": LORA,
-            "gradient_checkpointing": True,
-        },
-    )
+    checkpointed = _module(tiny_policy_path, inference_only=False, gradient_checkpointing=True)
     checkpointed.model.load_state_dict(module.model.state_dict())
     fwd = checkpointed.forward_train(batch)
     torch.testing.assert_close(fwd["logp"].detach(), shared.detach(), atol=1e-5, rtol=0)
@@ -156,12 +147,7 @@ def test_learner_forwards_run_the_hf_model_with_its_cache_keyword_and_checkpoint
 
 
 def test_a_bfloat16_lora_learner_keeps_a_bf16_base_and_fp32_adapters(tiny_policy_path: Path) -> None:
-    module = LLMRLModule(
-        observation_space=TextSpace(),
-        action_space=TextSpace(),
-        inference_only=False,
-        model_config={"model_path": str(tiny_policy_path), "dtype": "bfloat16", "lora": LORA},
-    )
+    module = _module(tiny_policy_path, inference_only=False, dtype="bfloat16")
     for name, p in module.model.named_parameters():
         assert p.dtype == (torch.float32 if ".lora_" in name else torch.bfloat16), name
         assert p.requires_grad == (".lora_" in name), name
