@@ -56,7 +56,7 @@ def success_table(
     checkpoint: str | None = None,
 ) -> dict:
     """Success per task type (percent) on ``split`` of the config's env, at temperature 0.4."""
-    from gagpo_rllib.evaluation import EvalSettings, evaluate
+    from gagpo_rllib.rllib.evaluation import EvalSettings, evaluate
 
     settings = EvalSettings(
         split=split, temperature=0.4, num_tasks=num_tasks, episodes_per_task=episodes, seed=seed
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report(sorted(rows, key=lambda r: r["seed"])))
         return 0
 
-    from gagpo_rllib.train import init_ray
+    from gagpo_rllib.tools.train import init_ray
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

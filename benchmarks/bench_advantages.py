@@ -19,8 +19,8 @@ from collections import defaultdict
 import numpy as np
 import pyarrow as pa
 
-from gagpo_rllib.advantages import ESTIMATORS, compute_advantages, grouping_diagnostics
-from gagpo_rllib.similarity import anchor_keys
+from gagpo_rllib.method.advantages import ESTIMATORS, compute_advantages, grouping_diagnostics
+from gagpo_rllib.method.similarity import anchor_keys
 
 LOCATIONS = (
     "drawer",

@@ -14,8 +14,8 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from gagpo_rllib.logprobs import action_logprobs
-from gagpo_rllib.loss import gagpo_policy_loss
+from gagpo_rllib.method.loss import gagpo_policy_loss
+from gagpo_rllib.policy.logprobs import action_logprobs
 
 SHAPES = {
     "qwen2.5-1.5b": dict(

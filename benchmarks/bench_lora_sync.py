@@ -5,7 +5,7 @@
 Both paths start from the learner's LoRA-wrapped policy (peft adapters, every linear kind) after a perturbation of
 the adapters, and end when the engine samples with the new policy (checked: its log-probs against the learner's).
 
-- **merged**: W + scale * B @ A for every adapted layer (``gagpo_rllib.lora.merged_state``), all tensors under the
+- **merged**: W + scale * B @ A for every adapted layer (``gagpo_rllib.policy.lora.merged_state``), all tensors under the
   Hugging Face names into ``reload_weights`` (what ``LLMRLModule`` does today), then a prefix-cache reset.
 - **adapter**: only the adapter tensors through ``VLLMGenerationBackend.update_lora`` (written as a peft folder,
   loaded in place with ``LoRARequest(name, id, folder, load_inplace=True)``, then a prefix-cache reset); every
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from gagpo_rllib.generation import SamplingConfig, make_backend
-from gagpo_rllib.logprobs import action_logprobs
-from gagpo_rllib.lora import apply_lora, merged_state
-from gagpo_rllib.models import build_tiny_policy, load_policy
+from gagpo_rllib.policy.generation import SamplingConfig, make_backend
+from gagpo_rllib.policy.logprobs import action_logprobs
+from gagpo_rllib.policy.lora import apply_lora, merged_state
+from gagpo_rllib.policy.models import build_tiny_policy, load_policy
 
 # Qwen2.5-7B: layers, hidden, intermediate, q heads x head dim = hidden, kv width, vocab (untied)
 QWEN7B = (28, 3584, 18944, 512, 152064)

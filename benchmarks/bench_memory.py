@@ -3,7 +3,7 @@
     python benchmarks/bench_memory.py [--chunk-tokens 16384] [--prompt-tokens 1000] [--action-tokens 200]
 
 1. **State per learner** (tiny Qwen2, CPU): weights, gradients and Adam state of the fp32 masters and the bf16
-   reference, held by 1 learner and by each of 2 FSDP learners over gloo (``gagpo_rllib.fsdp.shard``, the learners'
+   reference, held by 1 learner and by each of 2 FSDP learners over gloo (``gagpo_rllib.policy.fsdp.shard``, the learners'
    own sharding), against the formula 4P + 4P + 8P + 2P bytes (divided by N under FSDP).
 2. **Activations per token** saved for backward (``saved_tensors_hooks``), bf16 autocast over fp32 masters, with
    and without gradient checkpointing: per decoder layer and token a*h + b*i + c*kv elements (h hidden, i MLP,
@@ -32,9 +32,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from gagpo_rllib.logprobs import action_logprobs
-from gagpo_rllib.loss import gagpo_policy_loss
-from gagpo_rllib.rl_module import enable_checkpointing
+from gagpo_rllib.method.loss import gagpo_policy_loss
+from gagpo_rllib.policy.logprobs import action_logprobs
+from gagpo_rllib.policy.rl_module import enable_checkpointing
 
 GIB = 1024**3
 QWEN = {  # layers, hidden, intermediate, heads, kv heads, vocab, tied embeddings
@@ -135,7 +135,7 @@ def _tiny_models(tied: bool):
 
 
 def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
-    from gagpo_rllib.fsdp import shard
+    from gagpo_rllib.policy.fsdp import shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -151,7 +151,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
 def measure_lora_state(rank: int = 8) -> tuple[str, dict, dict]:
     """(set-up, measured, formula) of a LoRA learner: the tiny model's base in bf16 with peft adapters in fp32;
     the reference is the base with the adapters disabled (no tensor of its own)."""
-    from gagpo_rllib.lora import adapters_disabled, apply_lora
+    from gagpo_rllib.policy.lora import adapters_disabled, apply_lora
 
     torch.manual_seed(0)
     shape = (2, 64, 256, 2, 2, 2048)

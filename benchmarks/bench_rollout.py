@@ -12,7 +12,7 @@ above the process's level before the call). On a machine without memory for the 
 ``--before-tokens`` measures it at fewer new tokens; its figure at the full length is then extrapolated linearly
 from two measured lengths and printed as such (its size grows as B x T x V).
 
-``--vllm-memory``: the one-GPU memory arithmetic of gagpo_rllib/generation/vllm.py (engine weights, KV cache,
+``--vllm-memory``: the one-GPU memory arithmetic of gagpo_rllib/policy/generation/vllm.py (engine weights, KV cache,
 ``gpu_memory_utilization``) for Qwen2.5-1.5B and 7B.
 
 ``--backends``: ``backend="hf"`` against ``backend="vllm"`` (vLLM's CPU build here) side by side on the maze
@@ -45,9 +45,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gagpo_rllib.generation import HFGenerationBackend, SamplingConfig
-from gagpo_rllib.logprobs import scaled_logprobs
-from gagpo_rllib.models import build_tiny_policy, load_policy
+from gagpo_rllib.policy.generation import HFGenerationBackend, SamplingConfig
+from gagpo_rllib.policy.logprobs import scaled_logprobs
+from gagpo_rllib.policy.models import build_tiny_policy, load_policy
 
 QWEN_VOCAB = 151_936
 
@@ -195,7 +195,7 @@ def _backend_child(args: argparse.Namespace) -> None:
     config = _task_config(task, backend_name, args.seed)
     model_path = config.model_path
     batch = config.group_size * config.groups_per_iteration
-    from gagpo_rllib.generation import make_backend
+    from gagpo_rllib.policy.generation import make_backend
 
     base = _rss_bytes()
     if backend_name == "hf":
@@ -442,8 +442,8 @@ QWEN25 = {  # parameters; layers, KV heads, head dim (the models' config.json)
 
 
 def vllm_memory(args: argparse.Namespace) -> None:
-    """The arithmetic behind the one-GPU memory shares in gagpo_rllib/generation/vllm.py."""
-    from gagpo_rllib.generation.vllm import engine_memory_gb, kv_cache_bytes_per_token, memory_share
+    """The arithmetic behind the one-GPU memory shares in gagpo_rllib/policy/generation/vllm.py."""
+    from gagpo_rllib.policy.generation.vllm import engine_memory_gb, kv_cache_bytes_per_token, memory_share
 
     gpu, max_len = args.gpu_gb, args.max_model_len
     print(f"one {gpu:.0f} GB GPU, max_model_len {max_len}, bf16 engines, ~2 GB engine overhead each")

@@ -21,10 +21,10 @@ import ray
 import torch
 
 from envs.maze import MazeEnv
-from gagpo_rllib.algorithm import GAGPOConfig, task_plan
-from gagpo_rllib.env_runner import GAGPOEnvRunner
-from gagpo_rllib.models import build_tiny_policy
-from gagpo_rllib.sharding import GroupShardedTrainingData
+from gagpo_rllib.policy.models import build_tiny_policy
+from gagpo_rllib.rllib.algorithm import GAGPOConfig, task_plan
+from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
+from gagpo_rllib.rllib.sharding import GroupShardedTrainingData
 
 ENV_CONFIG = {"split": "train", "num_tasks": 8}
 

@@ -3,8 +3,8 @@
 For each env the script samples the CPU default's first iteration (``tuned_examples/gagpo_<env>.py``: the tiny
 policy, constrained decoding, 4 task instances x 4 rollouts; ALFWorld on the bundled train games without the warm
 start unless ``--warm-start``, WebShop on the bundled catalogue) on a local EnvRunner, then computes every step's
-key under each choice (``gagpo_rllib.state_keys``: env, normalized, history with H = 2) and with similarity
-grouping of the env keys (``gagpo_rllib.similarity``, thresholds 0.95 and 0.9), all from the same episodes, and
+key under each choice (``gagpo_rllib.rllib.state_keys``: env, normalized, history with H = 2) and with similarity
+grouping of the env keys (``gagpo_rllib.method.similarity``, thresholds 0.95 and 0.9), all from the same episodes, and
 prints ``grouping_diagnostics`` of each: the share of steps whose state is seen once in its group (the paper
 reports about 45% on ALFWorld and 34% on WebShop under exact matching, for trained 1.5B policies), the number of
 (group, state) pairs and their mean and largest size.
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from gagpo_rllib.advantages import grouping_diagnostics
-from gagpo_rllib.algorithm import task_plan
-from gagpo_rllib.connectors.grouped_advantages import episode_rows
-from gagpo_rllib.env_runner import GAGPOEnvRunner, derive_seed
-from gagpo_rllib.similarity import anchor_keys
-from gagpo_rllib.state_keys import episode_state_keys, resolve_state_key
+from gagpo_rllib.method.advantages import grouping_diagnostics
+from gagpo_rllib.method.similarity import anchor_keys
+from gagpo_rllib.rllib.algorithm import task_plan
+from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows
+from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner, derive_seed
+from gagpo_rllib.rllib.state_keys import episode_state_keys, resolve_state_key
 
 ROOT = Path(__file__).resolve().parents[1]
 CHOICES = ("env", "normalized", "history")

@@ -15,7 +15,7 @@ seeds with its interval, and the iterations to reach 50% / 80% success (rolling 
 Ablations of GAGPO (same protocol, selectable as estimators): ``gagpo-lam0``, ``gagpo-lam0.5``, ``gagpo-lam1``
 (GAE's lam; plain ``gagpo`` is lam 0.95) and ``gagpo-nostate``: one state key for every step
 (``GAGPOConfig.state_key``), so V(s) becomes the mean return-to-go over all steps of the group, no state grouping.
-``ppo`` is the PPO baseline with a learned critic (``gagpo_rllib.critic``); its runs also record the critic's
+``ppo`` is the PPO baseline with a learned critic (``gagpo_rllib.policy.critic``); its runs also record the critic's
 ``value_loss``.
 
     python benchmarks/learning_curves.py [--task maze|hard] [--iterations 100] [--seeds 0 1 2]
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gagpo_rllib.stats import mean_interval, paired_differences
+from gagpo_rllib.method.stats import mean_interval, paired_differences
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,7 +113,7 @@ def no_state_grouping(info: dict, episode: object = None) -> str:
 def hard_policy() -> Path:
     """The tiny policy of the key maze: as the maze's, with a tokenizer trained on the key maze's texts."""
     from envs.maze import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, MazeEnv
-    from gagpo_rllib.models import build_tiny_policy
+    from gagpo_rllib.policy.models import build_tiny_policy
 
     corpus = MazeEnv({"split": "train", **TASKS["hard"]}).corpus()
     corpus += [FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, "user assistant system"]
@@ -555,7 +555,7 @@ def report(rows: list[dict], out: Path, window: int, *, task: str = "maze", note
         f"{TITLES[task]}, {note}, a budget of {budget} x 64 sampled episodes ({budget} iterations of 8 task "
         "instances x 8 rollouts; dynamic-sampling runs (-ds) sample more per iteration and run fewer iterations, "
         "their curves are read per 64 sampled episodes); intervals: 95% "
-        f"percentile bootstrap over seeds (gagpo_rllib.stats); thresholds on a {window}-iteration rolling mean "
+        f"percentile bootstrap over seeds (gagpo_rllib.method.stats); thresholds on a {window}-iteration rolling mean "
         f"('-' = not reached, (k/n) = seeds that reached it). Task: {describe_task(task)}.\n\n{table}\n"
     )
     print(describe_task(task))

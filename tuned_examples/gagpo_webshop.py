@@ -28,10 +28,10 @@ from pathlib import Path
 
 from envs.webshop import WebShopEnv
 from envs.webshop.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
-from gagpo_rllib import paper_setup
-from gagpo_rllib.algorithm import GAGPOConfig
-from gagpo_rllib.evaluation import EvalSettings, with_validation
-from gagpo_rllib.models import build_tiny_policy
+from gagpo_rllib.policy.models import build_tiny_policy
+from gagpo_rllib.rllib import paper_setup
+from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib.rllib.evaluation import EvalSettings, with_validation
 
 VALID_SPLIT = "eval"
 POLICY_DIR = Path(
@@ -137,7 +137,7 @@ stop = {"training_iteration": 150 if MODEL else CPU_ITERATIONS}
 
 
 if __name__ == "__main__":
-    from gagpo_rllib.train import train
+    from gagpo_rllib.tools.train import train
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(

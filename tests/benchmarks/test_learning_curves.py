@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import benchmarks.learning_curves as lc
-from gagpo_rllib.stats import Interval, mean_interval
+from gagpo_rllib.method.stats import Interval, mean_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,9 +6,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from gagpo_rllib.advantages import compute_advantages
-from gagpo_rllib.algorithm import GAGPO
-from gagpo_rllib.connectors.module_to_env import INVALID
+from gagpo_rllib.method.advantages import compute_advantages
+from gagpo_rllib.rllib.algorithm import GAGPO
+from gagpo_rllib.rllib.connectors.module_to_env import INVALID
 
 
 def assert_connector_advantages_are_the_engines(algo: GAGPO, episodes: list) -> None:

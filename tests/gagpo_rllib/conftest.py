@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from envs.maze import MazeEnv
-from gagpo_rllib.algorithm import GAGPOConfig
+from gagpo_rllib.rllib.algorithm import GAGPOConfig
 
 
 @pytest.fixture(scope="session")

@@ -82,7 +82,7 @@ class CorridorEnv(gym.Env):
 
 def make_config(model_path, *, num_env_runners: int = 0, **gagpo: Any):
     """A GAGPOConfig on CorridorEnv with the tiny policy; ``gagpo`` overrides the method's fields."""
-    from gagpo_rllib.algorithm import GAGPOConfig
+    from gagpo_rllib.rllib.algorithm import GAGPOConfig
 
     fields = dict(
         model_path=str(model_path),

@@ -26,7 +26,7 @@ def tiny_maze_train_file(
     lines after the config (``stop``, more callbacks)."""
     return f"""
 from envs.maze import MazeEnv
-from gagpo_rllib.algorithm import GAGPOConfig
+from gagpo_rllib.rllib.algorithm import GAGPOConfig
 {head}
 
 config = (
@@ -45,9 +45,9 @@ config = (
 def running_train_file(
     train_file: Path, args: list[str], *, cwd: Path, env: dict[str, str]
 ) -> Iterator[tuple[subprocess.Popen, queue.Queue[str]]]:
-    """``rllib train file`` (``python -m gagpo_rllib.cli``) in a process of its own, its output lines in a queue;
+    """``rllib train file`` (``python -m gagpo_rllib.tools.cli``) in a process of its own, its output lines in a queue;
     interrupted (SIGINT, then killed after 90 s) when the block ends."""
-    command = [sys.executable, "-m", "gagpo_rllib.cli", "train", "file", str(train_file), *args]
+    command = [sys.executable, "-m", "gagpo_rllib.tools.cli", "train", "file", str(train_file), *args]
     proc = subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

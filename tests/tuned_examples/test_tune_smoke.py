@@ -11,9 +11,9 @@ import pytest
 import ray
 from ray import tune
 
-from gagpo_rllib.algorithm import GAGPOConfig
-from gagpo_rllib.evaluation import config_from_checkpoint
-from gagpo_rllib.train import load_train_file
+from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib.rllib.evaluation import config_from_checkpoint
+from gagpo_rllib.tools.train import load_train_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "tuned_examples"
@@ -31,7 +31,7 @@ def offline_env(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
     monkeypatch.setenv("GAGPO_TINY_WEBSHOP_DIR", str(cache / "webshop"))
     monkeypatch.delenv("GAGPO_MODEL", raising=False)
     monkeypatch.delenv("GAGPO_GPUS", raising=False)
-    # The CPU default's warm start (30 epochs of fine-tuning) is covered by tests/gagpo_rllib/test_sft.py.
+    # The CPU default's warm start (30 epochs of fine-tuning) is covered by tests/gagpo_rllib/tools/test_sft.py.
     monkeypatch.setenv("GAGPO_ALFWORLD_WARM_START", "0")
 
 

@@ -13,11 +13,11 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs.webshop import WebShopEnv
 from envs.webshop.generator import write_catalogue
-from gagpo_rllib.algorithm import GAGPO
-from gagpo_rllib.connectors.module_to_env import INVALID
-from gagpo_rllib.evaluation import EpisodeRecord, EvalReport, EvalSettings, evaluation_plan, record
-from gagpo_rllib.rl_module import ACTION_IDS
-from gagpo_rllib.train import ProgressPrinter
+from gagpo_rllib.policy.rl_module import ACTION_IDS
+from gagpo_rllib.rllib.algorithm import GAGPO
+from gagpo_rllib.rllib.connectors.module_to_env import INVALID
+from gagpo_rllib.rllib.evaluation import EpisodeRecord, EvalReport, EvalSettings, evaluation_plan, record
+from gagpo_rllib.tools.train import ProgressPrinter
 
 
 def test_provenance_names_data_nouns_and_split(tmp_path):
@@ -82,7 +82,7 @@ def test_training_metrics_and_progress_line_show_score_and_provenance(capsys):
 def test_evaluation_table_names_provenance_and_too_many_tasks(tmp_path, caplog):
     env = WebShopEnv({"split": "eval", "noun_extractor": "fallback"})
     plan_settings = EvalSettings(num_tasks=20)
-    with caplog.at_level(logging.WARNING, logger="gagpo_rllib.evaluation"):
+    with caplog.at_level(logging.WARNING, logger="gagpo_rllib.rllib.evaluation"):
         plan = evaluation_plan(8, plan_settings)
     assert len(plan) == 8
     assert "20 tasks asked (--num-tasks) but the split has only 8: playing all 8" in caplog.text

@@ -1,0 +1,613 @@
+"""The LLM RLModule: a Hugging Face causal LM acting as an RLlib policy over text.
+
+On an EnvRunner (``inference_only``) the module samples through a generation backend: all prompts of one step go
+into one batched call, and the module returns the generated text as the action plus, per prompt, the prompt's
+token ids, the action's token ids and the behaviour log-prob of each action token. On the Learner the module
+computes the current and the frozen reference log-probs of those action tokens. The reference copy is kept out of
+the module's parameters and state (it is neither trained, checkpointed nor shipped to the EnvRunners); it is the
+initial weights, reloaded from ``model_path``.
+
+Precision: ``dtype`` is the compute and rollout dtype. On the learner the trained weights (and so the optimizer
+state) stay in float32 and the forwards run in ``dtype`` under autocast (FSDP: its mixed-precision policy); only the
+frozen reference is loaded in ``dtype``. EnvRunners load and receive the weights in ``dtype``. With
+``pure_low_precision`` the learner keeps its weights in ``dtype`` too (an Adam step below bf16's resolution is
+then lost).
+
+LoRA (``model_config["lora"]``, ``gagpo_rllib.policy.lora``): the learner loads the base in ``dtype``, frozen, and trains
+peft adapters (float32 unless ``pure_low_precision``). The reference is that base with the adapters disabled (no
+second copy). The module's state holds only the trained parameters (checkpoints: adapters and their optimizer
+state, not the base); what EnvRunners receive is the merged policy under the plain Hugging Face names, or, for
+vLLM engines with adapter sync (``lora["sync"] == "adapter"``), the adapters alone, which the engine loads as its
+own LoRA adapter over its unchanged base.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.apis.inference_only_api import InferenceOnlyAPI
+from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+from ray.rllib.utils.numpy import convert_to_numpy
+
+from gagpo_rllib.policy.distributed import agree_max
+from gagpo_rllib.policy.generation.base import GenerationBackend, SamplingConfig
+from gagpo_rllib.policy.logprobs import action_logprobs, checkpointing, shared_prompt_logprobs
+from gagpo_rllib.policy.lora import (
+    VLLM_LORA_RANKS,
+    adapters_disabled,
+    apply_lora,
+    merged_state,
+    trainable_names,
+)
+from gagpo_rllib.policy.models import load_policy
+from gagpo_rllib.policy.reference_cache import ReferenceLogprobCache
+from gagpo_rllib.policy.unique_rows import back_in_order, length_chunks, row_keys, unique_rows
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LLMRLModule", "PROMPTS", "ADMISSIBLE", "GEN_SEED", "object_array"]
+
+# Keys of the env-to-module batch the module reads.
+PROMPTS = "prompts"
+ADMISSIBLE = "admissible"
+GEN_SEED = "gen_seed"
+
+# Keys of the exploration output (stored per step in the episode's extra model outputs).
+PROMPT_IDS = "prompt_ids"
+ACTION_IDS = "action_ids"
+ACTION_LOGP = "action_logp"
+
+# The policy's parameters in this module's state: "model." + the Hugging Face name.
+_POLICY_PREFIX = "model."
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def object_array(items: Any) -> np.ndarray:
+    """A 1-D object array (RLlib keeps those whole; a list of lists or strings would be split)."""
+    items = list(items)
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+class LLMRLModule(TorchRLModule):
+    """A causal LM policy whose action is the generated text of one turn.
+
+    ``model_config`` keys: ``model_path`` (required), ``dtype`` ("float32"), ``backend`` ("hf" or "vllm"),
+    ``backend_kwargs`` (dict), ``sampling`` (``SamplingConfig`` fields for exploration), ``eval_sampling``
+    (for ``forward_inference``; defaults to ``sampling``), ``reference`` (True: keep the frozen reference copy on
+    the learner; False when the KL coefficient is 0, which saves its memory and forward pass),
+    ``pure_low_precision`` (False: fp32 master weights on the learner), ``gradient_checkpointing`` (False),
+    ``lora`` (None, or ``{"rank", "alpha", "dropout", "target_modules", "sync"}``: train LoRA adapters on the
+    learner; ``sync`` "adapter" or "merged": what vLLM engines receive),
+    ``rollout_engine`` (True: an inference-only vLLM module starts its engine; False: it keeps only the tokenizer,
+    drops the weights it is sent and refuses to sample).
+    """
+
+    def setup(self) -> None:
+        cfg = dict(self.model_config or {})
+        path = cfg.get("model_path")
+        if not path:
+            raise ValueError("model_config['model_path'] is required: a causal LM folder or hub id")
+        dtype_name = cfg.get("dtype", "float32")
+        if dtype_name not in _DTYPES:
+            raise ValueError(f"model_config['dtype'] must be one of {sorted(_DTYPES)}, got {dtype_name!r}")
+        self.model_path = str(path)
+        self.dtype = _DTYPES[dtype_name]
+        pure = bool(cfg.get("pure_low_precision", False))
+        self.param_dtype = self.dtype if (self.inference_only or pure) else torch.float32
+        self.sharded = False  # set by shard_fsdp() on FSDP learners
+        self._gathered: dict[str, torch.Tensor] | None = None
+        self.sampling = SamplingConfig(**cfg.get("sampling", {}))
+        self.eval_sampling = SamplingConfig(**cfg.get("eval_sampling", cfg.get("sampling", {})))
+        self.backend_name = cfg.get("backend", "hf")
+        self.backend_kwargs = dict(cfg.get("backend_kwargs", {}))
+        if self.backend_name not in ("hf", "vllm"):
+            raise ValueError(f"model_config['backend'] must be 'hf' or 'vllm', got {self.backend_name!r}")
+        self._backend: GenerationBackend | None = None
+        # An EnvRunner with the vLLM backend keeps no Hugging Face copy of the policy (7B in fp32 is ~30 GB of
+        # host memory): the engine holds the weights, set_state hands them straight to it, the module keeps the
+        # tokenizer. The engine starts here, before training, sized to max_prompt_tokens + max_new_tokens, and only
+        # where ``model_config["rollout_engine"]`` allows it: GAGPOEnvRunner sets it to False on every group's
+        # local runner (the driver's or the Algorithm's process, which holds no GPU for an engine).
+        self.weights_in_engine = bool(self.inference_only and self.backend_name == "vllm")
+        self.engine_allowed = bool(cfg.get("rollout_engine", True))
+        # Weight syncs an engine-less runner received and dropped (nothing in it samples).
+        self.dropped_syncs = 0
+        if self.backend_name == "vllm":
+            # The engine samples in the policy's dtype: vLLM's "auto" would run a float32 checkpoint in 16 bits.
+            self.backend_kwargs.setdefault("dtype", dtype_name)
+        lora_cfg = cfg.get("lora") or {}
+        # vLLM's own LoRA: the runners' engines keep the base and receive only the adapters.
+        self.adapter_sync = (
+            bool(lora_cfg) and lora_cfg.get("sync") == "adapter" and self.backend_name == "vllm"
+        )
+        if self.adapter_sync and self.weights_in_engine:
+            rank = int(lora_cfg["rank"])
+            self.backend_kwargs.setdefault("enable_lora", True)
+            self.backend_kwargs.setdefault("max_loras", 1)
+            self.backend_kwargs.setdefault("max_lora_rank", min(r for r in VLLM_LORA_RANKS if r >= rank))
+        self.lora_scale = (int(lora_cfg["rank"]), float(lora_cfg["alpha"])) if lora_cfg else None
+        if self.weights_in_engine:
+            if cfg.get("max_prompt_tokens") is not None:
+                longest = max(self.sampling.max_new_tokens, self.eval_sampling.max_new_tokens)
+                self.backend_kwargs.setdefault("max_model_len", int(cfg["max_prompt_tokens"]) + longest)
+            self.model = None
+            if self.engine_allowed:
+                self.tokenizer = self.backend.tokenizer
+            else:
+                from gagpo_rllib.policy.generation.vllm import load_rollout_tokenizer
+
+                self.tokenizer = load_rollout_tokenizer(self.model_path)
+        else:
+            lora = cfg.get("lora") if not self.inference_only else None
+            # Under LoRA the base is frozen (and is the reference): it is loaded in the compute dtype.
+            self.model, self.tokenizer = load_policy(
+                self.model_path, dtype=self.dtype if lora else self.param_dtype
+            )
+            if lora:
+                peft_model = apply_lora(
+                    self.model,
+                    rank=lora["rank"],
+                    alpha=lora["alpha"],
+                    dropout=lora["dropout"],
+                    target_modules=lora["target_modules"],
+                )
+                if self.param_dtype != torch.float32:  # pure_low_precision: adapters in dtype too
+                    for p in self.model.parameters():
+                        if p.requires_grad:
+                            p.data = p.data.to(self.param_dtype)
+                # Kept unregistered: it wraps self.model, whose parameters the module already holds.
+                object.__setattr__(self, "_peft", peft_model)
+            if not self.inference_only and cfg.get("gradient_checkpointing", False):
+                # Activations are recomputed in backward: memory per token of a layer's input, not its internals.
+                enable_checkpointing(self.model)
+        # Learner forwards: tokens per chunk, and how many rows of reference log-probs to keep across updates.
+        self.train_chunk_tokens = int(cfg.get("train_chunk_tokens", 16384))
+        if self.train_chunk_tokens < 1:
+            raise ValueError(
+                f"model_config['train_chunk_tokens'] must be >= 1, got {self.train_chunk_tokens}"
+            )
+        self.reference_cache = ReferenceLogprobCache(int(cfg.get("reference_cache_rows", 100_000)))
+        # Seconds spent in the backend so far (EnvRunners report the time split per iteration from it).
+        self.generation_time_s = 0.0
+        # Kept outside nn.Module registration: not a parameter, not in the state, not sent to EnvRunners.
+        object.__setattr__(self, "_reference", None)
+        self.reference_is_base = bool(self.lora and cfg.get("reference", True))
+        if not self.inference_only and cfg.get("reference", True) and not self.lora:
+            ref, _ = load_policy(self.model_path, dtype=self.dtype)
+            ref.requires_grad_(False)
+            object.__setattr__(self, "_reference", ref)
+
+    # ----------------------------------------------------------------------------------------------- properties
+    @property
+    def vocab_size(self) -> int:
+        """Size of the logits' last dimension (may exceed ``len(tokenizer)``)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @property
+    def lora(self) -> bool:
+        """Whether the learner trains LoRA adapters (``model_config["lora"]``)."""
+        return getattr(self, "_peft", None) is not None
+
+    @property
+    def peft_model(self) -> Any:
+        """The ``PeftModel`` around ``model`` under LoRA (else None): for disabling, merging, saving adapters."""
+        return getattr(self, "_peft", None)
+
+    @property
+    def reference_model(self) -> torch.nn.Module | None:
+        """The frozen reference copy; None without one, and under LoRA, whose reference is ``model`` with its
+        adapters disabled (``reference_context``)."""
+        return self._reference
+
+    @property
+    def has_reference(self) -> bool:
+        return self._reference is not None or self.reference_is_base
+
+    def reference_context(self) -> tuple[torch.nn.Module, contextlib.AbstractContextManager]:
+        """(model, context) whose forwards inside the context are the reference policy's."""
+        if self.reference_is_base:
+            return self.model, adapters_disabled(self._peft)
+        if self._reference is None:
+            raise RuntimeError("this module keeps no reference policy (model_config['reference'] is False)")
+        return self._reference, contextlib.nullcontext()
+
+    @property
+    def started_backend(self) -> GenerationBackend | None:
+        """The rollout backend if it was built, else None (reading ``backend`` would start an engine)."""
+        return self._backend
+
+    @property
+    def backend(self) -> GenerationBackend:
+        """The rollout backend, built on first use (HF shares this module's model, so weight sync is free)."""
+        if self._backend is None:
+            from gagpo_rllib.policy.generation import make_backend
+
+            if self.backend_name == "hf":
+                device = next(self.model.parameters()).device
+                self._backend = make_backend("hf", (self.model, self.tokenizer), device=device)
+            else:
+                if self.weights_in_engine and not self.engine_allowed:
+                    raise RuntimeError(
+                        "this EnvRunner holds no vLLM engine: it is a local runner (in the driver's or the "
+                        "Algorithm's process, which holds no GPU for one); vLLM samples on remote EnvRunners "
+                        "(num_env_runners >= 1, evaluation_num_env_runners >= 1 for validation)"
+                    )
+                self._backend = make_backend("vllm", self.model_path, **self.backend_kwargs)
+        return self._backend
+
+    # ------------------------------------------------------------------------------------------------ forwards
+    def _generate(self, batch: dict[str, Any], sampling: SamplingConfig) -> dict[str, Any]:
+        prompts = [str(p) for p in batch[PROMPTS]]
+        admissible = batch.get(ADMISSIBLE)
+        if sampling.constrained and admissible is None:
+            raise ValueError("constrained decoding needs the batch's 'admissible' action lists")
+        start = time.perf_counter()
+        outs = self.backend.generate(
+            prompts,
+            sampling=sampling,
+            admissible=[list(a) for a in admissible] if sampling.constrained else None,
+            seed=batch.get(GEN_SEED),
+        )
+        self.generation_time_s += time.perf_counter() - start
+        return {
+            Columns.ACTIONS: object_array(o.text for o in outs),
+            PROMPT_IDS: object_array(list(o.prompt_ids) for o in outs),
+            ACTION_IDS: object_array(list(o.action_ids) for o in outs),
+            ACTION_LOGP: object_array(list(o.logprobs) for o in outs),
+        }
+
+    def _forward_exploration(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        with torch.no_grad():
+            return self._generate(batch, self.sampling)
+
+    def _forward_inference(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        with torch.no_grad():
+            return self._generate(batch, self.eval_sampling)
+
+    def compute_context(self) -> contextlib.AbstractContextManager:
+        """The learner forwards' precision: autocast to ``dtype`` over fp32 masters (FSDP casts by itself)."""
+        if self.param_dtype == self.dtype or self.sharded or self.model is None:
+            return contextlib.nullcontext()
+        device = next(self.model.parameters()).device
+        return torch.autocast(device_type=device.type, dtype=self.dtype)
+
+    def train_chunks(self, batch: dict[str, Any]) -> list[np.ndarray]:
+        """The learner's chunks of a minibatch: batch row indices per length-sorted chunk of distinct prompts of
+        at most ``train_chunk_tokens`` padded tokens (all rows of a prompt in one chunk, so repeats and shared
+        prompts are still forwarded once). ``forward_train`` of one chunk's rows runs one forward."""
+        prompt_ids = _numpy(batch["prompt_ids"])
+        width = prompt_ids.shape[1]
+        prompts = [
+            tuple(prompt_ids[i, width - n :].tolist()) for i, n in enumerate(_numpy(batch["prompt_len"]))
+        ]
+        shared = unique_rows(prompts)
+        rows_of: list[list[int]] = [[] for _ in shared.index]
+        for row, j in enumerate(shared.inverse.tolist()):
+            rows_of[j].append(row)
+        lengths = [len(prompts[i]) for i in shared.index]
+        return [
+            np.array(sorted(r for j in chunk for r in rows_of[j]), dtype=np.int64)
+            for chunk in length_chunks(lengths, self.train_chunk_tokens)
+        ]
+
+    def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        with self.compute_context():
+            return self._train_outputs(batch)
+
+    def _train_outputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Current log-probs (with grad), reference log-probs (no grad) and entropy of the action tokens.
+
+        The forwards run once per distinct row (``gagpo_rllib.policy.unique_rows``), in length-sorted chunks of at most
+        ``train_chunk_tokens`` tokens, and the results are gathered back to the batch's rows; reference values of
+        rows seen in an earlier update come from ``reference_cache``.
+        """
+        keys = row_keys(
+            _numpy(batch["prompt_ids"]),
+            _numpy(batch["prompt_len"]).tolist(),
+            _numpy(batch["action_ids"]),
+            _numpy(batch["action_len"]).tolist(),
+            _numpy(batch["allowed_ids"]) if "allowed_ids" in batch else None,
+        )
+        uniq = unique_rows(keys)
+        prompts, actions, masks = unpad_token_batch(batch, self.vocab_size, rows=uniq.index)
+        width = max(len(a) for a in actions)
+        logp, mask, entropy = self._chunked_logprobs(self.model, prompts, actions, masks, width, True)
+        inverse = uniq.inverse.to(logp.device)
+        out = {
+            "logp": logp[inverse],
+            "mask": mask[inverse],
+            "entropy": entropy[inverse],
+            "unique_row_share": torch.tensor(uniq.share),
+        }
+        if self.reference_is_base:
+            ref_logp, hit_share = self._reference_logprobs(uniq.keys, prompts, actions, masks, width)
+            out["ref_logp"] = ref_logp[inverse]
+            out["reference_cache_hit_share"] = torch.tensor(hit_share)
+        elif self._reference is not None:
+            if next(self._reference.parameters()).device != logp.device:
+                self._reference.to(logp.device)
+            ref_logp, hit_share = self._reference_logprobs(uniq.keys, prompts, actions, masks, width)
+            out["ref_logp"] = ref_logp[inverse]
+            out["reference_cache_hit_share"] = torch.tensor(hit_share)
+        return out
+
+    def _reference_logprobs(
+        self,
+        keys: list[bytes],
+        prompts: list[list[int]],
+        actions: list[list[int]],
+        masks: list[torch.Tensor | None] | None,
+        width: int,
+    ) -> tuple[torch.Tensor, float]:
+        """Reference log-probs [U, width] of the distinct rows (cached rows gathered, the others computed) and
+        the share of them the cache held."""
+        model, context = self.reference_context()
+        device = next(model.parameters()).device
+        cache = self.reference_cache
+        missing = cache.missing(keys)
+        todo = set(missing)
+        hit = [j for j in range(len(keys)) if j not in todo]
+        ref = torch.zeros((len(keys), width), dtype=torch.float32, device=device)
+        if hit:
+            ref[hit] = cache.gather([keys[j] for j in hit], width, device)
+        if missing:
+            sub = [masks[j] for j in missing] if masks is not None else None
+            with torch.no_grad(), context:
+                values, _, _ = self._chunked_logprobs(
+                    model,
+                    [prompts[j] for j in missing],
+                    [actions[j] for j in missing],
+                    sub,
+                    width,
+                    False,
+                )
+            ref[missing] = values.float()
+            cache.put([keys[j] for j in missing], values, [len(actions[j]) for j in missing])
+        return ref, len(hit) / max(1, len(keys))
+
+    def _chunked_logprobs(
+        self,
+        model: torch.nn.Module,
+        prompts: list[list[int]],
+        actions: list[list[int]],
+        masks: list[torch.Tensor | None] | None,
+        width: int,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Log-probs of the rows over length-sorted chunks of their distinct prompts, back in row order and
+        right-padded to ``width``. A prompt shared by several rows (one state, different actions) is forwarded
+        once, and the prompt positions skip what only their own outputs need (``shared_prompt_logprobs``); with
+        gradient checkpointing, which turns the KV cache off, every row takes one plain forward.
+        """
+        shared = unique_rows([tuple(p) for p in prompts])
+        prompt_of = shared.inverse.tolist()
+        distinct = [prompts[i] for i in shared.index]
+        rows_of: list[list[int]] = [[] for _ in distinct]
+        for row, j in enumerate(prompt_of):
+            rows_of[j].append(row)
+        # Sharing needs the KV cache, which gradient checkpointing turns off; under FSDP every learner must run
+        # the same number of forwards, and sharing skips the prompt forward of one-token prompts.
+        share = not checkpointing(model) and not self.sharded
+        common = dict(
+            pad_token_id=self.pad_token_id, temperature=self.sampling.temperature, with_entropy=with_entropy
+        )
+        parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        order: list[int] = []
+        for chunk in length_chunks([len(p) for p in distinct], self.train_chunk_tokens):
+            rows = [row for j in chunk for row in rows_of[j]]
+            sub = [masks[r] for r in rows] if masks is not None else None
+            if share:
+                local = {j: k for k, j in enumerate(chunk)}
+                out = shared_prompt_logprobs(
+                    model,
+                    [distinct[j] for j in chunk],
+                    [local[prompt_of[r]] for r in rows],
+                    [actions[r] for r in rows],
+                    allowed_masks=sub,
+                    **common,
+                )
+            else:
+                out = action_logprobs(
+                    model, [prompts[r] for r in rows], [actions[r] for r in rows], allowed_masks=sub, **common
+                )
+            parts.append(tuple(_pad_right(t, width) if t is not None else None for t in out))
+            order += rows
+        back = back_in_order(order).to(parts[0][0].device)
+        logp = torch.cat([p[0] for p in parts])[back]
+        mask = torch.cat([p[1] for p in parts])[back]
+        entropy = torch.cat([p[2] for p in parts])[back] if with_entropy else None
+        return logp, mask, entropy
+
+    # ---------------------------------------------------------------------------------------------------- FSDP
+    def fsdp_parts(self) -> list[torch.nn.Module]:
+        """The trained models FSDP shards (each with its decoder layers); a critic adds its own."""
+        return [self.model]
+
+    def shard_fsdp(self) -> None:
+        """Shard the trained models and the reference over the learners (``gagpo_rllib.policy.fsdp``).
+
+        The reference cache is turned off: which rows it holds differs per learner, and so would the number of
+        reference forwards, each a collective under FSDP.
+        """
+        from gagpo_rllib.policy import fsdp
+
+        for part in self.fsdp_parts():
+            fsdp.shard(part, compute_dtype=self.dtype)
+        if self._reference is not None:
+            self._reference.to(next(self.model.parameters()).device)
+            fsdp.shard(self._reference, compute_dtype=self.dtype, frozen=True)
+        if self.reference_cache.max_rows:
+            logger.info("FSDP learner: reference log-prob cache off (its hits differ per learner)")
+        self.reference_cache = ReferenceLogprobCache(0)
+        self.sharded = True
+
+    def forward_rounds(self, count: int) -> int:
+        """How many forwards to run for ``count`` of this learner's: ``count``, or under FSDP, where each forward
+        is a collective, the largest count over the learners (itself a collective: call it before any forward)."""
+        if not self.sharded:
+            return count
+        return int(agree_max(count, next(self.model.parameters()).device))
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        """FSDP: reduce the gradients in this backward (the step's last chunk) or accumulate them."""
+        from gagpo_rllib.policy.fsdp import set_gradient_sync
+
+        for part in self.fsdp_parts():
+            set_gradient_sync(part, enabled)
+
+    def gather_full_state(self) -> None:
+        """FSDP: gather the full weights to learner 0, where ``get_state`` serves them. A collective."""
+        from gagpo_rllib.policy.fsdp import full_model_state
+
+        self._gathered = full_model_state(self)
+
+    # ----------------------------------------------------------------------------------------------- state sync
+    def get_state(self, *args: Any, inference_only: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """RLlib's state; ``inference_only`` (what EnvRunners receive): without learner-only parts, weights cast
+        to the rollout ``dtype``. bfloat16 tensors, which numpy cannot hold, stay CPU tensors."""
+        if self.lora and not self.sharded:
+            return self._lora_state(inference_only)
+        if self.sharded:
+            if not self._gathered:
+                raise RuntimeError(
+                    "FSDP learner: the full weights are gathered on learner 0 only (after build, each update and "
+                    "set_state); get_state was called on another learner or before a gather"
+                )
+            state = dict(self._gathered)
+        else:
+            state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        if inference_only and not self.inference_only:
+            if isinstance(self, InferenceOnlyAPI):
+                learner_only = tuple(self.get_non_inference_attributes())
+                state = {
+                    k: v
+                    for k, v in state.items()
+                    if not any(k == a or k.startswith(a + ".") for a in learner_only)
+                }
+            state = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in state.items()}
+        if any(v.dtype == torch.bfloat16 for v in state.values()):
+            return state
+        return convert_to_numpy(state)
+
+    def _lora_state(self, inference_only: bool) -> dict[str, Any]:
+        """Under LoRA, ``inference_only`` (what EnvRunners load, in the rollout dtype): the policy's adapters for
+        vLLM engines with adapter sync, else the merged policy under Hugging Face names. Otherwise (checkpoints)
+        only the trained parameters (adapters, a critic's head): the base never changes."""
+        if inference_only and self.adapter_sync:
+            state = {
+                _POLICY_PREFIX + k: v.detach().cpu().to(self.dtype)
+                for k, v in self.model.named_parameters()
+                if ".lora_" in k
+            }
+        elif inference_only:
+            state = {_POLICY_PREFIX + k: v.to(self.dtype) for k, v in merged_state(self.model).items()}
+        else:
+            keep = trainable_names(self)
+            state = {k: v.detach().cpu() for k, v in self.state_dict().items() if k in keep}
+        if any(v.dtype == torch.bfloat16 for v in state.values()):
+            return state
+        return convert_to_numpy(state)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Load new weights and push them to the rollout backend (a no-op copy for HF, which shares the model).
+
+        With the weights in a vLLM engine, the policy's tensors (this module's ``model.`` names minus that prefix:
+        the Hugging Face names) go to the engine one at a time, in its dtype; nothing else keeps a copy.
+        """
+        if self.weights_in_engine:
+            if self._backend is None:  # an engine-less local runner: nothing here samples, keep nothing
+                self.dropped_syncs += 1
+                return
+            names = [k for k in state if k.startswith(_POLICY_PREFIX)]
+            adapters = [k for k in names if ".lora_" in k]
+            if adapters:  # LoRA with adapter sync: the engine keeps its base weights
+                rank, alpha = self.lora_scale
+                self.backend.update_lora(
+                    {k[len(_POLICY_PREFIX) :]: state[k] for k in adapters}, rank=rank, alpha=alpha
+                )
+            elif names:
+                self.backend.update_weights((k[len(_POLICY_PREFIX) :], state[k]) for k in names)
+            return
+        if self.sharded:
+            from gagpo_rllib.policy.fsdp import load_full_model_state
+
+            load_full_model_state(self, state)  # every learner loads (a collective), then learner 0 serves it
+            self.gather_full_state()
+        else:
+            if self.lora:
+                missing = sorted(trainable_names(self) - set(state))
+                if missing:
+                    raise ValueError(
+                        f"LoRA learner: the state lacks {len(missing)} trained parameters (e.g. {missing[:3]}); "
+                        "it was not saved by a LoRA run with the same lora_rank / lora_target_modules"
+                    )
+            super().set_state(state)
+        if self._backend is not None:
+            if self.backend_name != "hf":
+                self._backend.update_weights(self.model.state_dict())
+            self._backend.reset_cache()
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer in backward (non-reentrant; named activation_checkpointing in newer
+    transformers, gradient_checkpointing before)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def unpad_token_batch(
+    batch: dict[str, Any], vocab_size: int, rows: list[int] | None = None
+) -> tuple[list[list[int]], list[list[int]], list[torch.Tensor | None] | None]:
+    """Turn the learner batch's padded token tensors back into per-step lists (and allowed-token masks).
+
+    Layout (written by the grouped-advantage connector): ``prompt_ids`` [B, P] left-padded with ``prompt_len``;
+    ``action_ids`` [B, A] right-padded with ``action_len``; optional ``allowed_ids`` [B, A, K] holding, per action
+    position, the allowed token ids padded with -1. ``rows`` selects (and orders) the rows returned; None: all.
+    """
+    prompt_ids = torch.as_tensor(batch["prompt_ids"])
+    prompt_len = torch.as_tensor(batch["prompt_len"])
+    action_ids = torch.as_tensor(batch["action_ids"])
+    action_len = torch.as_tensor(batch["action_len"])
+    allowed = torch.as_tensor(batch["allowed_ids"]) if "allowed_ids" in batch else None
+    if rows is not None:
+        pick = torch.as_tensor(rows, dtype=torch.long)
+        prompt_ids, prompt_len, action_ids, action_len = (
+            t[pick] for t in (prompt_ids, prompt_len, action_ids, action_len)
+        )
+        allowed = allowed[pick] if allowed is not None else None
+    prompt_len, action_len = prompt_len.tolist(), action_len.tolist()
+    width = prompt_ids.shape[1]
+    prompts = [prompt_ids[i, width - n :].tolist() for i, n in enumerate(prompt_len)]
+    actions = [action_ids[i, :n].tolist() for i, n in enumerate(action_len)]
+    masks = None
+    if allowed is not None:
+        # one scatter for the whole batch: padding (-1) goes to an extra column that is dropped
+        ids = torch.where(allowed >= 0, allowed, vocab_size).long()
+        every = torch.zeros((*ids.shape[:2], vocab_size + 1), dtype=torch.bool)
+        every.scatter_(-1, ids, True)
+        masks = [every[i, :n, :vocab_size] for i, n in enumerate(action_len)]
+    return prompts, actions, masks
+
+
+def _numpy(column: Any) -> np.ndarray:
+    return column.detach().cpu().numpy() if isinstance(column, torch.Tensor) else np.asarray(column)
+
+
+def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
+    """[n, m] -> [n, width] with zeros (masked positions) on the right."""
+    return t if t.shape[1] == width else torch.nn.functional.pad(t, (0, width - t.shape[1]))

@@ -1,0 +1,332 @@
+"""Learner connector: grouped episodes -> step advantages -> one padded token batch.
+
+Each complete episode carries ``custom_data["group_id"]`` (the K rollouts of one task instance share it), per step
+the prompt ids, action ids, behaviour log-probs and the ``invalid`` flag (extra model outputs), and per observation
+the env info (``state_key``, ``admissible_actions``). The connector builds one row per environment step with the
+columns ``group_id, episode_id, reward, state_key`` and calls ``advantages.compute_advantages`` on them.
+
+The reward column is the environment's reward minus ``invalid_penalty`` on invalid steps: the penalty shapes the
+learning signal only. Reported episode returns and success rates (EnvRunner metrics) use the env's own rewards.
+
+With ``recompute_old_logprobs`` the "old" log-probs of the ratio are recomputed by the learner's own weights
+(before the update, without gradient) instead of taken from the rollout backend. Needed whenever the rollout
+numerics differ from the learner's: vLLM, or bf16/fp16 kernels on a GPU (cached decoding and the full forward
+differ by up to ~4e-3 in bf16), where the first-minibatch ratio would otherwise not start at 1. The largest
+difference between rollout and recomputed log-probs is logged as ``old_logp_rollout_max_dev``.
+
+With ``skip_uniform_groups`` the rows of every group whose episodes all got the same (shaped) return are dropped:
+such groups carry little or no signal (GRPO and RLOO give exactly zero), yet an adaptive optimiser would still
+take full-size steps on what remains of their gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.connectors.connector_v2 import ConnectorV2
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.rl_module.rl_module import RLModule
+
+from gagpo_rllib.method.advantages import compute_advantages, grouping_diagnostics
+from gagpo_rllib.method.similarity import anchor_keys
+from gagpo_rllib.policy.generation.constraints import allowed_token_masks
+from gagpo_rllib.policy.logprobs import action_logprobs
+from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
+from gagpo_rllib.rllib.connectors.env_to_module import single_module
+from gagpo_rllib.rllib.connectors.module_to_env import INVALID
+from gagpo_rllib.rllib.connectors.state_keys import STATE_KEY
+
+__all__ = ["GROUP_ID", "GroupedAdvantages", "StepRows", "episode_rows", "uniform_groups"]
+
+GROUP_ID = "group_id"
+TASK_ID = "task_id"
+
+
+@dataclass
+class StepRows:
+    """Per-step columns of a list of episodes, rows of one episode contiguous and in step order."""
+
+    group_id: np.ndarray
+    episode_id: list[str]
+    reward: np.ndarray  # shaped: env reward - penalty * invalid
+    state_key: list[str]
+    invalid: np.ndarray
+    prompt_ids: list[list[int]]
+    action_ids: list[list[int]]
+    old_logp: list[list[float]]
+    admissible: list[list[str]]
+
+    def columns(self, keep: np.ndarray | None = None) -> dict[str, Any]:
+        sel = np.arange(len(self.reward)) if keep is None else np.flatnonzero(keep)
+        return {
+            "group_id": self.group_id[sel],
+            "episode_id": [self.episode_id[i] for i in sel],
+            "reward": self.reward[sel],
+            "state_key": [self.state_key[i] for i in sel],
+        }
+
+
+def _group_id(episode) -> int:
+    try:
+        return int(episode.custom_data[GROUP_ID])
+    except KeyError:
+        raise KeyError(
+            f"episode {episode.id_} has no custom_data['{GROUP_ID}']: sample with GAGPOEnvRunner.sample_groups"
+        ) from None
+
+
+def episode_rows(episodes: Sequence, invalid_penalty: float) -> StepRows:
+    """Flatten complete episodes into step rows (see the module docstring for the reward column)."""
+    cols: dict[str, list] = defaultdict(list)
+    for episode in episodes:
+        if not episode.is_done:
+            raise ValueError(f"episode {episode.id_} is not complete: grouped advantages need whole episodes")
+        steps = len(episode)
+        gid = _group_id(episode)
+        rewards = np.asarray(list(episode.get_rewards()), dtype=np.float64)
+        invalid = np.asarray(list(episode.get_extra_model_outputs(INVALID)), dtype=bool)
+        infos = list(episode.get_infos())
+        # Keys the EnvRunner computed with the configured state_key choice; else the env's own key.
+        stored = None
+        if STATE_KEY in episode.extra_model_outputs:
+            stored = list(episode.get_extra_model_outputs(STATE_KEY))
+        for t in range(steps):
+            info = infos[t]
+            if stored is not None:
+                cols["state_key"].append(stored[t])
+            elif "state_key" not in info:
+                raise KeyError(
+                    f"env info at step {t} of episode {episode.id_} lacks 'state_key' (env protocol)"
+                )
+            else:
+                cols["state_key"].append(str(info["state_key"]))
+            cols["admissible"].append([str(a) for a in info.get("admissible_actions", ())])
+        cols["group_id"].extend([gid] * steps)
+        cols["episode_id"].extend([str(episode.id_)] * steps)
+        cols["reward"].extend(rewards - invalid_penalty * invalid)
+        cols["invalid"].extend(invalid)
+        for key, name in ((PROMPT_IDS, "prompt_ids"), (ACTION_IDS, "action_ids"), (ACTION_LOGP, "old_logp")):
+            cols[name].extend(list(v) for v in episode.get_extra_model_outputs(key))
+    return StepRows(
+        group_id=np.asarray(cols["group_id"], dtype=np.int64),
+        episode_id=cols["episode_id"],
+        reward=np.asarray(cols["reward"], dtype=np.float64),
+        state_key=cols["state_key"],
+        invalid=np.asarray(cols["invalid"], dtype=bool),
+        prompt_ids=cols["prompt_ids"],
+        action_ids=cols["action_ids"],
+        old_logp=cols["old_logp"],
+        admissible=cols["admissible"],
+    )
+
+
+def uniform_groups(rows: StepRows) -> set[int]:
+    """Group ids whose episodes all got the same shaped return (within 1e-9)."""
+    returns: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for gid, eid, r in zip(rows.group_id.tolist(), rows.episode_id, rows.reward.tolist(), strict=True):
+        returns[gid][eid] += r
+    return {g for g, per_ep in returns.items() if np.ptp(list(per_ep.values())) <= 1e-9}
+
+
+def _pad(seqs: list[list], width: int, fill, dtype, left: bool) -> torch.Tensor:
+    out = torch.full((len(seqs), width), fill, dtype=dtype)
+    for i, s in enumerate(seqs):
+        if s:
+            t = torch.as_tensor(s, dtype=dtype)
+            if left:
+                out[i, width - len(s) :] = t
+            else:
+                out[i, : len(s)] = t
+    return out
+
+
+def _max_abs_dev(a: list[list[float]], b: list[list[float]]) -> float:
+    """max |a - b| over the finite entries (a vLLM rollout marks log-probs it could not map with NaN)."""
+    flat_a = np.fromiter((x for row in a for x in row), dtype=np.float64)
+    flat_b = np.fromiter((x for row in b for x in row), dtype=np.float64)
+    if flat_a.shape != flat_b.shape:
+        raise ValueError(
+            f"rollout and recomputed log-probs differ in length: {flat_a.shape} vs {flat_b.shape}"
+        )
+    finite = np.isfinite(flat_a)
+    return float(np.max(np.abs(flat_a[finite] - flat_b[finite]))) if finite.any() else 0.0
+
+
+class GroupedAdvantages(ConnectorV2):
+    """Episodes -> ``compute_advantages`` -> ``{DEFAULT_MODULE_ID: {padded token tensors, advantages}}``."""
+
+    def __init__(
+        self,
+        input_observation_space=None,
+        input_action_space=None,
+        *,
+        estimator: str = "gagpo",
+        gamma: float = 0.95,
+        lam: float = 0.95,
+        norm: str = "mean_std",
+        omega: float = 1.0,
+        invalid_penalty: float = 0.1,
+        skip_uniform_groups: bool = False,
+        constrained: bool = False,
+        recompute_old_logprobs: bool = False,
+        recompute_chunk_size: int = 64,
+        similarity_threshold: float | None = None,
+        **kwargs,
+    ):
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+        self.estimator = estimator
+        self.gamma, self.lam, self.norm, self.omega = gamma, lam, norm, omega
+        self.invalid_penalty = float(invalid_penalty)
+        self.skip_uniform_groups = bool(skip_uniform_groups)
+        self.constrained = bool(constrained)
+        self.recompute_old_logprobs = bool(recompute_old_logprobs)
+        self.recompute_chunk_size = int(recompute_chunk_size)
+        # None: exact state keys; else near-identical state texts of a group share an anchor (similarity.py).
+        self.similarity_threshold = similarity_threshold
+
+    def advantages(self, rows: StepRows) -> np.ndarray:
+        return compute_advantages(
+            rows.columns(),
+            estimator=self.estimator,
+            gamma=self.gamma,
+            lam=self.lam,
+            norm=self.norm,
+            omega=self.omega,
+        )
+
+    def __call__(self, *, rl_module: RLModule, batch: dict, episodes: list, metrics=None, **kwargs) -> dict:
+        rows = episode_rows(episodes, self.invalid_penalty)
+        if self.similarity_threshold is not None:
+            rows.state_key = anchor_keys(rows.group_id, rows.state_key, self.similarity_threshold)
+        adv = self.advantages(rows)
+        keep = np.ones(len(adv), dtype=bool)
+        skipped = uniform_groups(rows) if self.skip_uniform_groups else set()
+        if skipped:
+            keep = ~np.isin(rows.group_id, sorted(skipped))
+        if metrics is not None:
+            self._log(metrics, rows, adv, keep, len(skipped))
+        module = single_module(rl_module)
+        if hasattr(module, "unwrapped"):  # the module itself, also under DDP (N learners)
+            module = module.unwrapped()
+        idx = np.flatnonzero(keep)
+        prompts = [rows.prompt_ids[i] for i in idx]
+        actions = [rows.action_ids[i] for i in idx]
+        if any(len(a) == 0 for a in actions):
+            raise ValueError("a step has no action tokens; the generation backend must return >= 1 token")
+        masks = None
+        if self.constrained:
+            # The K rollouts of a group repeat steps: one mask per distinct (admissible actions, action).
+            built: dict[tuple, torch.Tensor] = {}
+            masks = []
+            for i, act in zip(idx, actions, strict=True):
+                key = (tuple(rows.admissible[i]), tuple(act))
+                if key not in built:
+                    built[key] = allowed_token_masks(
+                        module.tokenizer, rows.admissible[i], act, module.vocab_size
+                    )
+                masks.append(built[key])
+        old_logp = [rows.old_logp[i] for i in idx]
+        if self.recompute_old_logprobs:
+            recomputed = self._learner_logprobs(module, prompts, actions, masks)
+            if metrics is not None:
+                metrics.log_value(
+                    ("gagpo", "old_logp_rollout_max_dev"), _max_abs_dev(old_logp, recomputed), reduce="max"
+                )
+            old_logp = recomputed
+        p_width = max((len(p) for p in prompts), default=0)
+        a_width = max((len(a) for a in actions), default=0)
+        data = {
+            "prompt_ids": _pad(prompts, p_width, module.pad_token_id, torch.long, left=True),
+            "prompt_len": torch.as_tensor([len(p) for p in prompts], dtype=torch.long),
+            "action_ids": _pad(actions, a_width, module.pad_token_id, torch.long, left=False),
+            "action_len": torch.as_tensor([len(a) for a in actions], dtype=torch.long),
+            "old_logp": _pad(old_logp, a_width, 0.0, torch.float32, left=False),
+            "advantages": torch.as_tensor(adv[idx], dtype=torch.float32),
+            "invalid": torch.as_tensor(rows.invalid[idx], dtype=torch.float32),
+        }
+        if masks is not None:
+            data["allowed_ids"] = self._allowed_ids(masks, a_width)
+        data.update(self.extra_columns(rows, idx))
+        batch[DEFAULT_MODULE_ID] = data
+        return batch
+
+    def extra_columns(self, rows: StepRows, idx: np.ndarray) -> dict[str, torch.Tensor]:
+        """Further per-step tensors for rows ``idx`` of the batch: none here (a critic adds its targets)."""
+        return {}
+
+    def _learner_logprobs(
+        self,
+        module,
+        prompts: list[list[int]],
+        actions: list[list[int]],
+        masks: list[torch.Tensor] | None,
+    ) -> list[list[float]]:
+        """Per-token log-probs of each action under the learner's current weights and precision, in chunks,
+        without grad. Sharded (FSDP) learners run as many forwards as the learner with the most chunks."""
+        out: list[list[float]] = []
+        starts = list(range(0, len(prompts), self.recompute_chunk_size))
+        # FSDP: as many forwards on every learner.
+        rounds = module.forward_rounds(len(starts)) if hasattr(module, "forward_rounds") else len(starts)
+        # The learner's precision (autocast over fp32 masters); any object with the policy's fields works too.
+        precision = getattr(module, "compute_context", contextlib.nullcontext)
+        with torch.no_grad(), precision():
+            for r in range(rounds):
+                if r < len(starts):
+                    chunk = slice(starts[r], starts[r] + self.recompute_chunk_size)
+                    rows = (prompts[chunk], actions[chunk], None if masks is None else masks[chunk])
+                else:  # a forward that only keeps this learner in the collectives
+                    rows = ([[module.pad_token_id]], [[module.pad_token_id]], None)
+                logp, mask, _ = action_logprobs(
+                    module.model,
+                    rows[0],
+                    rows[1],
+                    pad_token_id=module.pad_token_id,
+                    temperature=module.sampling.temperature,
+                    allowed_masks=rows[2],
+                )
+                if r < len(starts):
+                    for row, keep in zip(logp.float().cpu(), mask.cpu().bool(), strict=True):
+                        out.append(row[keep].tolist())
+        return out
+
+    @staticmethod
+    def _allowed_ids(masks: list[torch.Tensor], width: int) -> torch.Tensor:
+        """Per action position, the token ids allowed during constrained sampling, padded with -1."""
+        ids_of: dict[int, list[torch.Tensor]] = {}  # rows sharing a mask tensor share its ids
+        for mask in masks:
+            if id(mask) not in ids_of:
+                ids_of[id(mask)] = [torch.nonzero(row).flatten() for row in mask]
+        per_step = [ids_of[id(mask)] for mask in masks]
+        depth = max((len(ids) for step in per_step for ids in step), default=1)
+        out = torch.full((len(masks), max(width, 1), depth), -1, dtype=torch.long)
+        for i, step in enumerate(per_step):
+            for k, ids in enumerate(step):
+                out[i, k, : len(ids)] = ids
+        return out
+
+    @staticmethod
+    def _log(metrics, rows: StepRows, adv: np.ndarray, keep: np.ndarray, n_skipped: int) -> None:
+        diag = grouping_diagnostics(rows.columns(), adv)
+        stats = {
+            **diag,
+            "adv_mean": float(adv.mean()) if len(adv) else 0.0,
+            "adv_std": float(adv.std()) if len(adv) else 0.0,
+            "adv_min": float(adv.min()) if len(adv) else 0.0,
+            "adv_max": float(adv.max()) if len(adv) else 0.0,
+            "adv_zero_share": float(np.mean(np.abs(adv) < 1e-8)) if len(adv) else 0.0,
+            "num_steps": float(len(adv)),
+            "num_steps_trained": float(keep.sum()),
+            "num_groups": float(len(np.unique(rows.group_id))),
+            "num_groups_skipped": float(n_skipped),
+            "invalid_share": float(rows.invalid.mean()) if len(rows.invalid) else 0.0,
+        }
+        # Counts add up over the learners (each sees its own whole groups); the rest is averaged.
+        counts = ("num_steps", "num_steps_trained", "num_groups", "num_groups_skipped")
+        for name, value in stats.items():
+            metrics.log_value(("gagpo", name), value, reduce="sum" if name in counts else "mean")

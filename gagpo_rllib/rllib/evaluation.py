@@ -1,0 +1,636 @@
+"""Evaluate a trained checkpoint or an untrained model on an evaluation split, in the papers' Table-1 layout.
+
+The episodes are played by GAGPO's own rollout path (``GAGPO.sample_groups`` on its EnvRunners, with
+``explore=False`` so the module samples at ``eval_temperature``): evaluation and training share prompts, action
+parsing and decoding. A checkpoint brings its own configuration; an untrained model (the prompting baseline) takes
+the environment and decoding settings from the command line or from a tuned-example file.
+
+Layouts: ALFWorld (success per task type: Pick, Look, Clean, Heat, Cool, Pick2, All), WebShop (score = mean final
+``task_score`` x 100, success), any other env (success per ``task_type`` and All). All numbers are percentages.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import logging
+import math
+import os
+import pickle
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.utils.metrics import EVALUATION_RESULTS
+from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+from gagpo_rllib.policy.rl_module import ACTION_IDS, PROMPT_IDS
+from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib.rllib.connectors.env_to_module import ENV_ACTION
+from gagpo_rllib.rllib.connectors.module_to_env import INVALID, INVALID_REASON
+from gagpo_rllib.rllib.env_runner import PlannedEpisode, derive_seed
+
+__all__ = [
+    "ENV_ALIASES",
+    "EpisodeRecord",
+    "EvalReport",
+    "EvalSettings",
+    "MODULE_PATH",
+    "StepDump",
+    "invalid_reasons",
+    "build_evaluator",
+    "play",
+    "config_for_model",
+    "config_from_checkpoint",
+    "evaluate",
+    "evaluation_plan",
+    "is_checkpoint",
+    "resolve_env",
+    "summarise",
+    "validation_function",
+    "with_validation",
+]
+
+logger = logging.getLogger(__name__)
+
+# Where an Algorithm checkpoint keeps the policy (RLlib's component path of the single module).
+MODULE_PATH = "learner_group/learner/rl_module/default_policy"
+
+ENV_ALIASES = {
+    "maze": "envs.maze:MazeEnv",
+    "alfworld": "envs.alfworld:AlfworldEnv",
+    "webshop": "envs.webshop:WebShopEnv",
+}
+# The evaluation split of each bundled env (the papers evaluate ALFWorld on valid_unseen).
+DEFAULT_EVAL_SPLIT = {"MazeEnv": "eval", "AlfworldEnv": "valid_unseen", "WebShopEnv": "eval"}
+ALFWORLD_COLUMNS = ("Pick", "Look", "Clean", "Heat", "Cool", "Pick2", "All")
+
+
+@dataclass
+class EvalSettings:
+    """What to evaluate on: split (None: the env's evaluation split), temperature, how many tasks and episodes."""
+
+    split: str | None = None
+    temperature: float = 0.4
+    num_tasks: int | None = None
+    episodes_per_task: int = 1
+    seed: int = 0
+    batch_size: int | None = None
+    num_env_runners: int | None = None
+    max_steps: int | None = None
+
+    def validate(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+            raise ValueError(f"EvalSettings.temperature must be a number > 0, got {self.temperature!r}")
+        if self.num_tasks is not None and self.num_tasks < 1:
+            raise ValueError(f"EvalSettings.num_tasks must be None or >= 1, got {self.num_tasks!r}")
+        if self.episodes_per_task < 1:
+            raise ValueError(f"EvalSettings.episodes_per_task must be >= 1, got {self.episodes_per_task!r}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"EvalSettings.batch_size must be None or >= 1, got {self.batch_size!r}")
+        if self.num_env_runners is not None and self.num_env_runners < 0:
+            raise ValueError(f"EvalSettings.num_env_runners must be >= 0, got {self.num_env_runners!r}")
+
+
+@dataclass
+class EpisodeRecord:
+    """One evaluation episode, from its final info."""
+
+    task_id: int
+    member: int
+    task_type: str
+    won: bool
+    episode_return: float
+    length: int
+    invalid_share: float
+    task_score: float | None = None
+    # What the env played on (data, noun extractor, split), from its info["provenance"] when it reports one.
+    provenance: str | None = None
+
+
+@dataclass
+class EvalReport:
+    """Per-episode records and the table; ``layout`` is "alfworld", "webshop" or "generic"."""
+
+    source: str
+    env: str
+    split: str
+    temperature: float
+    episodes: list[EpisodeRecord]
+    layout: str = "generic"
+    table: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    tasks_requested: int | None = None
+    # Invalid steps by reason over all episodes (see gagpo_rllib.policy.actions), and the number of steps played.
+    invalid_reasons: dict[str, int] = field(default_factory=dict)
+    num_steps: int = 0
+
+    @classmethod
+    def build(cls, episodes: list[EpisodeRecord], **meta: Any) -> EvalReport:
+        layout, table = summarise(episodes)
+        return cls(episodes=episodes, layout=layout, table=table, **meta)
+
+    @property
+    def provenance(self) -> str:
+        """The envs' own account of data, noun extractor and split ("" when the env reports none)."""
+        return "; ".join(sorted({e.provenance for e in self.episodes if e.provenance}))
+
+    def format_table(self) -> str:
+        """A Markdown table of the headline numbers (percentages), as the papers print them."""
+        names = list(self.table)
+        cells = ["-" if math.isnan(self.table[n]) else f"{self.table[n]:.1f}" for n in names]
+        widths = [max(len(n), len(c)) for n, c in zip(names, cells, strict=True)]
+
+        def row(items: list[str]) -> str:
+            return "| " + " | ".join(i.rjust(w) for i, w in zip(items, widths, strict=True)) + " |"
+
+        rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+        return "\n".join([row(names), rule, row(cells), self.format_invalid()])
+
+    def format_invalid(self) -> str:
+        """One line: invalid steps out of all steps, and their reasons by count (most frequent first)."""
+        total = sum(self.invalid_reasons.values())
+        share = f" ({100.0 * total / self.num_steps:.1f}%)" if self.num_steps else ""
+        reasons = ", ".join(
+            f"{r} {n}" for r, n in sorted(self.invalid_reasons.items(), key=lambda x: (-x[1], x[0]))
+        )
+        return f"invalid steps: {total} of {self.num_steps}{share}" + (f": {reasons}" if reasons else "")
+
+    def header(self) -> str:
+        tasks = len({e.task_id for e in self.episodes})
+        asked = ""
+        if self.tasks_requested is not None and self.tasks_requested > tasks:
+            asked = f" ({self.tasks_requested} asked: the split has only {tasks})"
+        line = (
+            f"{self.env} split {self.split!r}: {len(self.episodes)} episodes on {tasks} tasks{asked}, "
+            f"temperature {self.temperature}, source {self.source}"
+        )
+        return f"{line}\n{self.provenance}" if self.provenance else line
+
+    def write(self, out_dir: str | os.PathLike) -> dict[str, Path]:
+        """Write eval_table.csv (one row), eval_episodes.csv and eval.json into ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "source": self.source,
+            "env": self.env,
+            "split": self.split,
+            "provenance": self.provenance,
+            "temperature": self.temperature,
+            "episodes": len(self.episodes),
+        }
+        invalid = {"steps": self.num_steps, "invalid_reasons": dict(self.invalid_reasons)}
+        paths = {
+            "table": out / "eval_table.csv",
+            "episodes": out / "eval_episodes.csv",
+            "json": out / "eval.json",
+        }
+        with open(paths["table"], "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow([*self.table, *meta])
+            writer.writerow([*(round(v, 4) for v in self.table.values()), *meta.values()])
+        with open(paths["episodes"], "w", newline="") as handle:
+            names = list(asdict(self.episodes[0])) if self.episodes else list(EpisodeRecord.__annotations__)
+            writer = csv.DictWriter(handle, fieldnames=names)
+            writer.writeheader()
+            writer.writerows(asdict(e) for e in self.episodes)
+        payload = {
+            **meta,
+            "layout": self.layout,
+            "table": {k: (None if math.isnan(v) else v) for k, v in self.table.items()},
+            "seconds": self.seconds,
+            **invalid,
+            "per_episode": [asdict(e) for e in self.episodes],
+        }
+        paths["json"].write_text(json.dumps(payload, indent=1))
+        return paths
+
+
+def summarise(episodes: list[EpisodeRecord]) -> tuple[str, dict[str, float]]:
+    """(layout, table): the ALFWorld, WebShop or generic Table-1 row, in percent (NaN: no episode of a type)."""
+    if not episodes:
+        raise ValueError("no episodes to summarise")
+    from envs.alfworld.tasks import SHORT_NAMES
+
+    overall = 100.0 * float(np.mean([e.won for e in episodes]))
+    types = {e.task_type for e in episodes}
+    if types <= set(SHORT_NAMES):
+        by_short: dict[str, list[bool]] = defaultdict(list)
+        for e in episodes:
+            by_short[SHORT_NAMES[e.task_type]].append(e.won)
+        table = {
+            name: 100.0 * float(np.mean(by_short[name])) if by_short[name] else math.nan
+            for name in ALFWORLD_COLUMNS[:-1]
+        }
+        return "alfworld", {**table, "All": overall}
+    if all(e.task_score is not None for e in episodes):
+        score = 100.0 * float(np.mean([e.task_score for e in episodes]))
+        return "webshop", {"score": score, "success": overall}
+    by_type: dict[str, list[bool]] = defaultdict(list)
+    for e in episodes:
+        by_type[e.task_type].append(e.won)
+    table = {name: 100.0 * float(np.mean(wins)) for name, wins in sorted(by_type.items())}
+    return "generic", {**table, "All": overall}
+
+
+def record(episode: Any) -> EpisodeRecord:
+    """An EpisodeRecord from a finished SingleAgentEpisode (its custom_data and final info)."""
+    final = episode.get_infos(-1)
+    invalid = [bool(x) for x in episode.get_extra_model_outputs(INVALID)]
+    score = final.get("task_score")
+    provenance = final.get("provenance")
+    return EpisodeRecord(
+        task_id=int(episode.custom_data["task_id"]),
+        member=int(episode.custom_data["member"]),
+        task_type=str(final.get("task_type", "all")),
+        won=bool(final.get("won", False)),
+        episode_return=float(episode.get_return()),
+        length=len(episode),
+        invalid_share=float(np.mean(invalid)) if invalid else 0.0,
+        task_score=None if score is None else float(score),
+        provenance=None if provenance is None else str(provenance),
+    )
+
+
+# ----------------------------------------------------------------------------------------------- configs
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    """True for an RLlib Algorithm checkpoint folder (it holds rllib_checkpoint.json and the policy)."""
+    p = Path(path)
+    return (p / "rllib_checkpoint.json").is_file() and (p / MODULE_PATH).is_dir()
+
+
+def config_from_checkpoint(checkpoint: str | os.PathLike) -> GAGPOConfig:
+    """The GAGPOConfig an Algorithm checkpoint was trained with (unfrozen, its init callbacks dropped)."""
+    path = Path(checkpoint)
+    if not is_checkpoint(path):
+        raise FileNotFoundError(
+            f"not an RLlib Algorithm checkpoint (no rllib_checkpoint.json or policy): {path}"
+        )
+    with open(path / "class_and_ctor_args.pkl", "rb") as handle:
+        ctor = pickle.load(handle)
+    state = ctor["ctor_args_and_kwargs"][0][0]
+    config = AlgorithmConfig.from_state(state)
+    if not isinstance(config, GAGPOConfig):
+        raise ValueError(f"{path} is a {type(config).__name__} checkpoint, not a GAGPO one")
+    config = config.copy(copy_frozen=False)
+    # A run started with --restore carries a callback that loads that older checkpoint: not wanted here.
+    config.callbacks_on_algorithm_init = None
+    return config
+
+
+def resolve_env(name: str) -> type:
+    """An env class from an alias (maze, alfworld, webshop) or ``package.module:ClassName``."""
+    spec = ENV_ALIASES.get(name, name)
+    module_name, sep, class_name = spec.partition(":")
+    if not sep or not class_name:
+        raise ValueError(
+            f"--env must be one of {sorted(ENV_ALIASES)} or 'package.module:ClassName', got {name!r}"
+        )
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"--env {name!r}: cannot import {spec}: {err}") from err
+
+
+def config_for_model(
+    model_path: str,
+    env: type | None = None,
+    *,
+    base: GAGPOConfig | None = None,
+    env_config: dict[str, Any] | None = None,
+    **gagpo: Any,
+) -> GAGPOConfig:
+    """A config that plays ``model_path`` untrained (the prompting baseline) on ``env`` or ``base``'s env."""
+    if base is not None:
+        config = base.copy(copy_frozen=False)
+        if env is not None:
+            config.environment(env, env_config=dict(env_config or {}))
+    else:
+        if env is None:
+            raise ValueError("evaluating a model needs an env (--env) or a tuned-example file (--file)")
+        config = GAGPOConfig().environment(env, env_config=dict(env_config or {}))
+    return config.gagpo(model_path=str(model_path), **gagpo)
+
+
+def _env_name(config: GAGPOConfig) -> str:
+    return config.env.__name__ if isinstance(config.env, type) else str(config.env)
+
+
+def evaluation_plan(num_tasks_in_split: int, settings: EvalSettings) -> list[PlannedEpisode]:
+    """Which tasks to play: all of the split, or ``num_tasks`` of them drawn without replacement from the seed."""
+    if num_tasks_in_split < 1:
+        raise ValueError(f"the evaluation split has no task (env.num_tasks = {num_tasks_in_split})")
+    if settings.num_tasks is not None and settings.num_tasks > num_tasks_in_split:
+        logger.warning(
+            "evaluation: %d tasks asked (--num-tasks) but the split has only %d: playing all %d",
+            settings.num_tasks,
+            num_tasks_in_split,
+            num_tasks_in_split,
+        )
+    if settings.num_tasks is None or settings.num_tasks >= num_tasks_in_split:
+        tasks = list(range(num_tasks_in_split))
+    else:
+        rng = np.random.default_rng(np.random.SeedSequence([settings.seed, 0xE7A1]))
+        tasks = sorted(int(t) for t in rng.choice(num_tasks_in_split, size=settings.num_tasks, replace=False))
+    return [
+        PlannedEpisode(group_id=g, task_id=t, member=k, env_seed=derive_seed(settings.seed, t, k))
+        for g, t in enumerate(tasks)
+        for k in range(settings.episodes_per_task)
+    ]
+
+
+def evaluation_config(config: GAGPOConfig, settings: EvalSettings) -> GAGPOConfig:
+    """``config`` set up for evaluation: the eval split, eval temperature, no reference model or critic, runners."""
+    settings.validate()
+    config = config.copy(copy_frozen=False)
+    split = settings.split or DEFAULT_EVAL_SPLIT.get(_env_name(config), "eval")
+    env_config = {**dict(config.env_config or {}), "split": split}
+    if settings.max_steps is not None:
+        env_config["max_steps"] = settings.max_steps
+    config.environment(env_config=env_config)
+    config.gagpo(eval_temperature=float(settings.temperature), kl_coeff=0.0)
+    if config.estimator == "ppo":
+        # The PPO critic only trains: evaluation builds the plain policy module; restoring it from a checkpoint
+        # ignores the critic's weights.
+        config.gagpo(estimator="gagpo")
+    if settings.max_steps is not None:
+        config.gagpo(max_steps=settings.max_steps)
+    if settings.num_env_runners is not None:
+        config.env_runners(num_env_runners=settings.num_env_runners)
+    batch = settings.batch_size or 16
+    if settings.num_tasks is not None:
+        batch = min(batch, settings.num_tasks * settings.episodes_per_task)
+    config.gagpo(envs_per_runner=batch)
+    config.debugging(seed=settings.seed)
+    config.callbacks_on_algorithm_init = None
+    # Periodic validation belongs to training; here the main runners already play the evaluation split.
+    config.evaluation_interval = None
+    config.custom_evaluation_function = None
+    config.evaluation_config = None
+    return config
+
+
+# ---------------------------------------------------------------------------------------------- evaluate
+def build_evaluator(
+    config: GAGPOConfig, settings: EvalSettings, *, checkpoint: str | os.PathLike | None = None
+) -> Any:
+    """The GAGPO Algorithm set up for evaluation, with the checkpoint's policy on every EnvRunner."""
+    algo = evaluation_config(config, settings).build_algo()
+    if checkpoint is not None:
+        module_dir = Path(checkpoint).resolve() / MODULE_PATH
+        if not module_dir.is_dir():
+            algo.stop()
+            raise FileNotFoundError(f"no policy at {module_dir}")
+        # Loads the weights on the learner and syncs them to every EnvRunner.
+        algo.restore_from_path(module_dir, component=MODULE_PATH)
+    return algo
+
+
+def play(
+    algo: Any,
+    settings: EvalSettings,
+    *,
+    progress: bool = True,
+    on_episode: Callable[[Any], None] | None = None,
+) -> list[EpisodeRecord]:
+    """Play the evaluation plan with ``GAGPO.sample_groups(explore=False)``, in waves of (sub-envs x runners).
+
+    A progress line (episodes done, success so far, elapsed, ETA) follows each wave; ``on_episode`` sees every
+    finished SingleAgentEpisode.
+    """
+    plan = evaluation_plan(algo.num_tasks(), settings)
+    wave = algo.config.num_envs_per_env_runner * max(1, algo.config.num_env_runners)
+    records: list[EpisodeRecord] = []
+    started = time.monotonic()
+    for i, start in enumerate(range(0, len(plan), wave)):
+        episodes, _, _ = algo.sample_groups(plan[start : start + wave], i, explore=False)
+        records.extend(record(ep) for ep in episodes)
+        if on_episode is not None:
+            for ep in episodes:
+                on_episode(ep)
+        if progress:
+            elapsed = time.monotonic() - started
+            eta = elapsed / len(records) * (len(plan) - len(records))
+            wins = float(np.mean([r.won for r in records]))
+            print(
+                f"eval episodes {len(records)}/{len(plan)}  success {wins:6.1%}  "
+                f"{elapsed:6.1f} s  ETA {eta:6.0f} s",
+                flush=True,
+            )
+    records.sort(key=lambda r: (r.task_id, r.member))
+    return records
+
+
+def validation_function(settings: EvalSettings) -> Callable[[Any, Any], tuple[dict[str, float], int, int]]:
+    """An RLlib ``custom_evaluation_function``: play the evaluation plan on the evaluation EnvRunners.
+
+    The runners play with ``explore=False`` (the config's ``eval_temperature``); the metrics land under
+    ``evaluation/valid/`` in the result: ``success`` (All or WebShop's success, in [0, 1]),
+    ``by_type/<column>`` for each column of the Table-1 layout (in [0, 1]), ``score`` (WebShop, 0-100),
+    ``episode_len_mean`` and ``num_episodes``.
+    """
+
+    def run(algorithm: Any, eval_group: Any) -> tuple[dict[str, float], int, int]:
+        remote = eval_group.num_remote_env_runners()
+        num_tasks = eval_group.foreach_env_runner(lambda r: r.num_tasks(), local_env_runner=remote == 0)[0]
+        plan = evaluation_plan(int(num_tasks), settings)
+        parts = max(1, remote)
+        bounds = np.linspace(0, len(plan), parts + 1).round().astype(int)
+        shares = [plan[bounds[i] : bounds[i + 1]] for i in range(parts)]
+        seed, iteration = settings.seed, int(algorithm.iteration)
+
+        def play_share(runner: Any) -> list[EpisodeRecord]:
+            share = shares[max(0, runner.worker_index - 1)]
+            episodes, _ = runner.sample_groups(
+                share, gen_seed=derive_seed(seed, iteration, runner.worker_index, 0xE7A1), explore=False
+            )
+            return [record(e) for e in episodes]
+
+        results = eval_group.foreach_env_runner(play_share, local_env_runner=remote == 0)
+        records = [r for part in results for r in part]
+        layout, table = summarise(records)
+        metrics: dict[tuple[str, ...], float] = {
+            ("success",): table["success" if layout == "webshop" else "All"] / 100.0,
+            ("episode_len_mean",): float(np.mean([r.length for r in records])),
+            ("num_episodes",): float(len(records)),
+        }
+        if layout == "webshop":
+            metrics[("score",)] = table["score"]
+        else:
+            metrics.update({("by_type", k): v / 100.0 for k, v in table.items() if not math.isnan(v)})
+        # The new API stack reads evaluation results from the algorithm's metrics under "evaluation", merged
+        # in as EnvRunner metrics are.
+        logged = MetricsLogger()
+        for key, value in metrics.items():
+            logged.log_value(("valid", *key), value, window=1)
+        algorithm.metrics.aggregate([logged.reduce()], key=EVALUATION_RESULTS)
+        steps = int(sum(r.length for r in records))
+        return {"valid": {"/".join(k): v for k, v in metrics.items()}}, steps, steps
+
+    return run
+
+
+def with_validation(
+    config: GAGPOConfig,
+    *,
+    split: str,
+    interval: int,
+    settings: EvalSettings | None = None,
+    num_env_runners: int | None = None,
+    **overrides: Any,
+) -> GAGPOConfig:
+    """``config`` plus validation every ``interval`` iterations on ``split``.
+
+    ``num_env_runners``: evaluation EnvRunners; None: one remote runner with backend "vllm" (an engine needs a
+    runner of its own; give it a GPU share with ``num_gpus_per_env_runner=...`` in ``overrides``), else 0 (the
+    evaluation group's local runner plays). ``overrides`` are GAGPOConfig fields for the evaluation runners only
+    (e.g. a smaller vLLM memory share).
+    """
+    if interval < 1:
+        raise ValueError(f"validation interval must be >= 1, got {interval!r}")
+    if num_env_runners is None:
+        num_env_runners = 1 if overrides.get("backend", config.backend) == "vllm" else 0
+    env_config = {**dict(config.env_config or {}), "split": split}
+    if config.max_steps is not None:
+        env_config["max_steps"] = config.max_steps
+    return config.evaluation(
+        evaluation_interval=interval,
+        evaluation_num_env_runners=int(num_env_runners),
+        custom_evaluation_function=validation_function(settings or EvalSettings(split=split)),
+        evaluation_config=GAGPOConfig.overrides(env_config=env_config, explore=False, **overrides),
+    )
+
+
+def evaluate(
+    config: GAGPOConfig,
+    settings: EvalSettings,
+    *,
+    checkpoint: str | os.PathLike | None = None,
+    source: str | None = None,
+    progress: bool = True,
+    dump_steps: str | os.PathLike | None = None,
+) -> EvalReport:
+    """Evaluate ``checkpoint``'s policy (or ``config``'s model when None) and summarise in the Table-1 layout.
+
+    ``dump_steps``: a JSON-lines file that gets one line per step (``StepDump``): the prompt, the raw output,
+    the parsed action or the invalid reason, the reward.
+    """
+    started = time.monotonic()
+    reasons: Counter[str] = Counter()
+    steps = [0]
+    dumper = StepDump(dump_steps, str(config.model_path)) if dump_steps is not None else None
+
+    def on_episode(episode: Any) -> None:
+        steps[0] += len(episode)
+        reasons.update(invalid_reasons(episode))
+        if dumper is not None:
+            dumper.write(episode)
+
+    algo = build_evaluator(config, settings, checkpoint=checkpoint)
+    try:
+        records = play(algo, settings, progress=progress, on_episode=on_episode)
+        env_config = algo.config.env_config
+    finally:
+        algo.stop()
+        if dumper is not None:
+            dumper.close()
+    return EvalReport.build(
+        records,
+        source=source or (str(checkpoint) if checkpoint is not None else str(config.model_path)),
+        env=_env_name(config),
+        split=str(env_config["split"]),
+        temperature=float(settings.temperature),
+        seconds=time.monotonic() - started,
+        tasks_requested=settings.num_tasks,
+        invalid_reasons=dict(reasons),
+        num_steps=steps[0],
+    )
+
+
+def invalid_reasons(episode: Any) -> Counter[str]:
+    """The invalid steps of a finished episode, counted by reason."""
+    if not len(episode):
+        return Counter()
+    invalid = episode.get_extra_model_outputs(INVALID)
+    why = (
+        episode.get_extra_model_outputs(INVALID_REASON)
+        if INVALID_REASON in episode.extra_model_outputs
+        else ["unknown"] * len(invalid)
+    )
+    return Counter(str(r) or "unknown" for bad, r in zip(invalid, why, strict=True) if bool(bad))
+
+
+class StepDump:
+    """Writes every step of finished episodes as one JSON line, so a user can see why a step was invalid.
+
+    Keys: task_id, member, task_type, step (1-based), prompt (the chat-templated text the model saw, decoded
+    from its token ids), prompt_tokens, raw_output (the generated text), output_tokens, stop ("end_token": the
+    answer ended with the model's end token; "length": cut at max_new_tokens), valid, action (what the env
+    received), invalid_reason ("" when valid), reward, done, won (the episode's verdict, on every line).
+    """
+
+    def __init__(self, path: str | os.PathLike, tokenizer_path: str):
+        from transformers import AutoTokenizer
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        from gagpo_rllib.policy.generation.constraints import end_token_id
+
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.end_id = end_token_id(self.tokenizer)
+        self._handle = open(self.path, "w")  # noqa: SIM115 - kept open across waves, closed by close()
+        self.lines = 0
+
+    def write(self, episode: Any) -> None:
+        n = len(episode)
+        if not n:
+            return
+        outputs = episode.extra_model_outputs
+        raw = list(episode.get_actions())
+        prompt_ids = (
+            list(episode.get_extra_model_outputs(PROMPT_IDS)) if PROMPT_IDS in outputs else [None] * n
+        )
+        action_ids = (
+            list(episode.get_extra_model_outputs(ACTION_IDS)) if ACTION_IDS in outputs else [None] * n
+        )
+        invalid = list(episode.get_extra_model_outputs(INVALID))
+        why = list(episode.get_extra_model_outputs(INVALID_REASON)) if INVALID_REASON in outputs else [""] * n
+        env_action = list(episode.get_extra_model_outputs(ENV_ACTION)) if ENV_ACTION in outputs else raw
+        rewards = list(episode.get_rewards())
+        final = episode.get_infos(-1)
+        for t in range(n):
+            ids, out_ids = prompt_ids[t], action_ids[t]
+            stop = None
+            if out_ids is not None:
+                stop = "end_token" if len(out_ids) and int(out_ids[-1]) == self.end_id else "length"
+            line = {
+                "task_id": int(episode.custom_data.get("task_id", -1)),
+                "member": int(episode.custom_data.get("member", 0)),
+                "task_type": str(final.get("task_type", "all")),
+                "step": t + 1,
+                "prompt": None if ids is None else self.tokenizer.decode(list(ids)),
+                "prompt_tokens": None if ids is None else len(ids),
+                "raw_output": str(raw[t]),
+                "output_tokens": None if out_ids is None else len(out_ids),
+                "stop": stop,
+                "valid": not bool(invalid[t]),
+                "action": str(env_action[t]),
+                "invalid_reason": str(why[t]) if bool(invalid[t]) else "",
+                "reward": float(rewards[t]),
+                "done": t == n - 1,
+                "won": bool(final.get("won", False)),
+            }
+            self._handle.write(json.dumps(line) + "\n")
+            self.lines += 1
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()

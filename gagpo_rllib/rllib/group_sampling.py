@@ -1,0 +1,324 @@
+"""Grouped sampling that survives lost EnvRunners and failing environments: only whole groups come back.
+
+One iteration's plan (N groups x K members) is played in rounds. Each round splits the members still missing over
+the remote EnvRunners that are healthy now (contiguous shares, so a group may span runners) and collects what
+comes back. A member is done when its episode ended without an env error; a group is complete when all K members
+are done. Members lost with a runner (killed, restarted, timed out) or ended by an env error are played again in
+the next round, on whichever runners are healthy or restored by then, with ``attempt`` + 1: generation seeds
+derive from (seed, iteration, group, member, attempt) and the step, never from the runner. After
+``max_group_attempts`` rounds or ``group_sampling_timeout_s`` seconds, incomplete groups are dropped whole (and
+logged); an update never sees a partial group.
+
+No healthy remote runner: the local runner plays when it has an env (``create_env_on_local_worker=True``),
+otherwise the round waits for RLlib to restore a runner (``Algorithm.restore_env_runners``, polled) until the
+deadline. Nothing left at the end: the caller skips the update with a warning, except when every episode played
+in the iteration ended with an env error, or every runner call raised: then a deterministic failure is the likely
+cause and ``GroupSamplingError`` names it (after the bounded attempts, instead of looping).
+
+The function sent to a runner never raises (an exception inside ``foreach_env_runner``'s function makes RLlib's
+actor sleep ``delay_between_env_runner_restarts_s`` and exit): it returns the error's traceback instead. A runner
+that restarted behind RLlib's back (a call served by the fresh process) holds the initial weights; it is found by
+its weights' sequence number, re-synced, and its share is played again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats, derive_seed, episode_env_error
+
+__all__ = [
+    "GroupSample",
+    "GroupSamplingError",
+    "RunnerResult",
+    "ask_env_runner",
+    "sample_whole_groups",
+    "split_plan",
+    "validate_fault_tolerance",
+]
+
+logger = logging.getLogger(__name__)
+
+# How often an iteration without any healthy remote runner asks RLlib to restore one.
+RESTORE_POLL_S = 1.0
+
+
+class GroupSamplingError(RuntimeError):
+    """Every episode of an iteration failed the same way (env errors or runner exceptions) after all attempts."""
+
+
+@dataclass
+class RunnerResult:
+    """What one runner call returns: the episodes it played, or why it played none."""
+
+    worker_index: int
+    episodes: list = field(default_factory=list)
+    stats: RolloutStats | None = None
+    metrics: Any = None
+    error: str | None = None  # the traceback of an exception inside the call
+    stale: bool = False  # the runner held older weights than the driver (it restarted unnoticed)
+    pid: int = 0
+
+
+@dataclass
+class GroupSample:
+    """The whole groups of one iteration and what it took to get them."""
+
+    episodes: list  # complete groups only, ordered by (group id, member)
+    stats: list[RolloutStats]
+    runner_metrics: list
+    groups_planned: int
+    groups_complete: int
+    groups_replayed: int  # groups with at least one member played again
+    groups_dropped: list[int]  # ids of the groups still incomplete after the attempts
+    env_errors: int
+    runner_failures: int  # runner calls that returned nothing (lost, timed out) or found a restarted runner
+    attempts: int  # rounds played
+
+    def metrics(self) -> dict[str, float]:
+        """The ``gagpo/`` values this iteration reports."""
+        return {
+            "groups_planned": float(self.groups_planned),
+            "groups_complete": float(self.groups_complete),
+            "groups_replayed": float(self.groups_replayed),
+            "groups_dropped": float(len(self.groups_dropped)),
+            "env_errors": float(self.env_errors),
+            "runner_failures": float(self.runner_failures),
+            "sampling_attempts": float(self.attempts),
+        }
+
+
+def split_plan(plan: list[PlannedEpisode], parts: int) -> list[list[PlannedEpisode]]:
+    """Contiguous, balanced shares of the plan (so most groups stay on one runner)."""
+    bounds = np.linspace(0, len(plan), parts + 1).round().astype(int)
+    return [plan[bounds[i] : bounds[i + 1]] for i in range(parts)]
+
+
+def validate_fault_tolerance(config: Any) -> None:
+    """Check ``max_group_attempts`` and ``group_sampling_timeout_s``; errors name the field."""
+    attempts = config.max_group_attempts
+    if not isinstance(attempts, (int, np.integer)) or isinstance(attempts, bool) or attempts < 1:
+        raise ValueError(f"GAGPOConfig.max_group_attempts must be an int >= 1, got {attempts!r}")
+    timeout = config.group_sampling_timeout_s
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+    ):
+        raise ValueError(
+            f"GAGPOConfig.group_sampling_timeout_s must be None or a number > 0, got {timeout!r}"
+        )
+
+
+def _play_fn(share: list[PlannedEpisode], explore: bool, expected_seq_no: int | None):
+    """The function sent to a runner: play ``share``; never raise (see the module docstring)."""
+
+    def play(runner: Any) -> RunnerResult:
+        result = RunnerResult(worker_index=int(runner.worker_index), pid=os.getpid())
+        try:
+            if expected_seq_no is not None and runner.weights_seq_no() != expected_seq_no:
+                result.stale = True
+                return result
+            result.episodes, result.stats = runner.sample_groups(share, explore=explore)
+            result.metrics = runner.get_metrics()
+        except Exception:  # noqa: BLE001 - reported to the driver instead of killing the actor
+            result.error = traceback.format_exc()
+        return result
+
+    return play
+
+
+def _wait_for_runner(algo: Any, deadline: float) -> list[int]:
+    """Poll RLlib's restore until a remote runner is healthy again or the deadline passes."""
+    group = algo.env_runner_group
+    logger.warning("GAGPO: no healthy EnvRunner; waiting for RLlib to restore one")
+    while True:
+        algo.restore_env_runners(group)
+        ids = group.healthy_env_runner_ids()
+        if ids or time.monotonic() >= deadline:
+            return ids
+        time.sleep(min(RESTORE_POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+def ask_env_runner(algo: Any, func: Any, *, timeout_s: float | None = None) -> Any:
+    """``func(runner)`` on one runner with an env: the local one if it has an env, else a healthy remote one.
+
+    Waits for a restored runner while none is healthy (until ``timeout_s``, default the sampling timeout).
+    """
+    group = algo.env_runner_group
+    local = group.local_env_runner
+    if group.num_remote_env_runners() == 0 or (local is not None and local.has_env()):
+        return func(local)
+    timeout_s = timeout_s if timeout_s is not None else algo.config.group_sampling_timeout_s
+    deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
+    while True:
+        ids = group.healthy_env_runner_ids() or _wait_for_runner(algo, deadline)
+        if ids:
+            answers = group.foreach_env_runner(func, local_env_runner=False, remote_worker_ids=ids[:1])
+            if answers:
+                return answers[0]
+        if time.monotonic() >= deadline:
+            raise GroupSamplingError(f"no EnvRunner answered within {timeout_s} s")
+
+
+def _play_round(
+    algo: Any, items: list[PlannedEpisode], explore: bool, deadline: float
+) -> tuple[list[RunnerResult], int]:
+    """Play ``items`` once on the runners available now; returns the results and the failed runner calls."""
+    group = algo.env_runner_group
+    local = group.local_env_runner
+    if group.num_remote_env_runners() == 0:
+        return [_play_fn(items, explore, None)(local)], 0
+    ids = sorted(group.healthy_env_runner_ids())
+    if not ids and local is not None and local.has_env():
+        logger.warning(
+            "GAGPO: no healthy remote EnvRunner; the local EnvRunner plays %d episodes", len(items)
+        )
+        if algo.learner_group is not None:  # it holds no weights while remote runners sample
+            from gagpo_rllib.rllib.weight_sync import sync_local_runner
+
+            sync_local_runner(group, algo.learner_group)
+        return [_play_fn(items, explore, None)(local)], 0
+    if not ids:
+        ids = sorted(_wait_for_runner(algo, deadline))
+    if not ids:
+        return [], 0
+    expected = local.weights_seq_no() if local is not None else None
+    shares = split_plan(items, len(ids))
+    calls = [(i, s) for i, s in zip(ids, shares, strict=True) if s]
+    remaining = max(1.0, deadline - time.monotonic()) if math.isfinite(deadline) else None
+    results = group.foreach_env_runner(
+        [_play_fn(share, explore, expected) for _, share in calls],
+        local_env_runner=False,
+        remote_worker_ids=[i for i, _ in calls],
+        timeout_seconds=remaining,
+    )
+    failures = len(calls) - len(results)
+    stale = [r.worker_index for r in results if r.stale]
+    if stale:
+        logger.warning("GAGPO: EnvRunner(s) %s restarted with initial weights; syncing and replaying", stale)
+        group.sync_weights(
+            from_worker_or_learner_group=algo.learner_group,
+            to_worker_indices=stale,
+            inference_only=True,
+            timeout_seconds=None,
+        )
+    return results, failures + len(stale)
+
+
+def sample_whole_groups(
+    algo: Any,
+    plan: list[PlannedEpisode],
+    iteration: int,
+    *,
+    explore: bool = True,
+    max_attempts: int | None = None,
+    timeout_s: float | None = None,
+) -> GroupSample:
+    """Play ``plan`` on ``algo``'s EnvRunners until every group is whole or the attempts / deadline run out.
+
+    ``max_attempts`` and ``timeout_s`` default to the config's ``max_group_attempts`` and
+    ``group_sampling_timeout_s``. Raises ``GroupSamplingError`` only when nothing but failures came back (see
+    the module docstring).
+    """
+    cfg = algo.config
+    seed = int(cfg.seed or 0)
+    max_attempts = int(max_attempts if max_attempts is not None else cfg.max_group_attempts)
+    timeout_s = timeout_s if timeout_s is not None else cfg.group_sampling_timeout_s
+    deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
+    group_size = defaultdict(int)
+    for item in plan:
+        group_size[item.group_id] += 1
+    missing = {(p.group_id, p.member): p for p in plan}
+    done: dict[tuple[int, int], Any] = {}
+    stats: list[RolloutStats] = []
+    runner_metrics: list = []
+    replayed: set[int] = set()
+    env_errors = runner_failures = clean = 0
+    call_errors: list[str] = []
+    first_env_error: str | None = None
+    attempt = 0
+    while missing and attempt < max_attempts and time.monotonic() < deadline:
+        items = [
+            dataclasses.replace(
+                p, attempt=attempt, gen_seed=derive_seed(seed, iteration, p.group_id, p.member, attempt)
+            )
+            for p in missing.values()
+        ]
+        if attempt > 0:
+            replayed.update(p.group_id for p in items)
+            logger.warning(
+                "GAGPO: iteration %d attempt %d: playing %d episode(s) of %d group(s) again",
+                iteration,
+                attempt + 1,
+                len(items),
+                len({p.group_id for p in items}),
+            )
+        results, failures = _play_round(algo, items, explore, deadline)
+        runner_failures += failures
+        attempt += 1
+        for result in results:
+            if result.error is not None:
+                call_errors.append(result.error)
+                logger.error(
+                    "GAGPO: EnvRunner %d raised while sampling:\n%s", result.worker_index, result.error
+                )
+                continue
+            if result.stats is None:
+                continue
+            stats.append(result.stats)
+            runner_metrics.append(result.metrics)
+            env_errors += len(result.stats.env_errors)
+            if result.stats.env_errors and first_env_error is None:
+                e = result.stats.env_errors[0]
+                where = f"step {e.step}" if e.stage == "step" else "reset"
+                first_env_error = f"task {e.task_id}, {where}: {e.error}"
+            for episode in result.episodes:
+                key = (episode.custom_data["group_id"], episode.custom_data["member"])
+                if key in missing and episode.is_done and episode_env_error(episode) is None:
+                    done[key] = episode
+                    del missing[key]
+                    clean += 1
+    incomplete = sorted({g for g, _ in missing})
+    complete = [g for g in sorted(group_size) if g not in incomplete]
+    episodes = [done[k] for k in sorted(done) if k[0] not in incomplete]
+    if incomplete:
+        logger.warning(
+            "GAGPO: iteration %d: dropped %d of %d group(s) still incomplete after %d attempt(s): %s",
+            iteration,
+            len(incomplete),
+            len(group_size),
+            attempt,
+            incomplete,
+        )
+    if plan and not episodes and clean == 0:
+        if call_errors and env_errors == 0:
+            raise GroupSamplingError(
+                f"iteration {iteration}: every EnvRunner call raised in {attempt} attempt(s); the last error:\n"
+                f"{call_errors[-1]}"
+            )
+        if env_errors:
+            raise GroupSamplingError(
+                f"iteration {iteration}: every episode ended with an env error in {attempt} attempt(s) "
+                f"({env_errors} env errors; first: {first_env_error}); the environment fails deterministically"
+            )
+    return GroupSample(
+        episodes=episodes,
+        stats=stats,
+        runner_metrics=runner_metrics,
+        groups_planned=len(group_size),
+        groups_complete=len(complete),
+        groups_replayed=len(replayed),
+        groups_dropped=incomplete,
+        env_errors=env_errors,
+        runner_failures=runner_failures,
+        attempts=attempt,
+    )

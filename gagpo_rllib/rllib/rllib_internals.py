@@ -1,0 +1,329 @@
+"""Every override of RLlib's learner internals, in one place. Written against Ray RLlib 2.60.0.
+
+``ChunkedTorchLearner`` is a ``TorchLearner`` whose optimizer step runs chunk by chunk. It replaces these private
+methods of ``ray.rllib.core.learner.learner.Learner`` / ``...torch.torch_learner.TorchLearner`` (2.60.0):
+
+- ``_create_iterator_if_necessary``: minibatches that cover the batch once per epoch, the same number on every
+  learner (``sharding``); each row carries its loss weight in the ``ROW_WEIGHT`` column (0 for a stand-in row
+  that only keeps a learner without rows in the collective calls).
+- ``_uncompiled_update``: one optimizer step = for each length-sorted chunk of the minibatch, forward, loss and
+  backward before the next chunk's forward (activation memory of one chunk, whatever the minibatch), gradients
+  accumulated, synchronised over the learners on the last chunk only; then RLlib's postprocess and apply.
+- ``_log_steps_trained_metrics``: a stand-in step trains no rows.
+- ``_get_optimizer_state`` / ``_set_optimizer_state``: optimizer tensors numpy cannot hold (bfloat16) stay torch
+  tensors (RLlib's ``convert_to_numpy`` raises on them); sharded learners save the full, gathered state.
+- ``_make_module`` / ``_make_modules_ddp_if_necessary``: FSDP2 sharding (``learner_sharding="fsdp"``) before the
+  optimizers exist, instead of RLlib's DDP wrapper.
+- ``get_state``: with FSDP, full weights gathered collectively (``gather_full_state``, after build, each update
+  and each load) and served from that copy, since RLlib asks learner 0 alone.
+
+The loss of one chunk is ``compute_loss_for_module`` (RLlib's hook, here called once per chunk); its statistics
+go to ``self.step_stats`` and are reduced over the learners once per step by ``log_step_stats``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.core import COMPONENT_OPTIMIZER
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.numpy import convert_to_numpy
+
+from gagpo_rllib.policy.distributed import StepStats, agree_sum, world
+from gagpo_rllib.rllib.sharding import epoch_minibatches, minibatches_per_epoch
+
+__all__ = ["ROW_WEIGHT", "ChunkedTorchLearner"]
+
+# Per-row loss weight column: 1 for trained rows, 0 for stand-ins; scaled to N / (rows of the step over all
+# learners) before the loss, so that the learners' summed (DDP: averaged x N) gradients are the step's mean.
+ROW_WEIGHT = "row_weight"
+
+
+def _take(column: Any, idx: np.ndarray) -> Any:
+    if isinstance(column, torch.Tensor):
+        return column[torch.as_tensor(idx, dtype=torch.long, device=column.device)]
+    if isinstance(column, np.ndarray):
+        return column[idx]
+    return [column[i] for i in idx]
+
+
+def _placeholder_row(module_batch: SampleBatch, pad_token_id: int) -> dict[str, Any]:
+    """One valid one-token step in the batch's layout, for a learner that has no rows at all."""
+    row: dict[str, Any] = {}
+    for key, column in module_batch.items():
+        if isinstance(column, torch.Tensor):
+            row[key] = torch.zeros((1, *(max(1, s) for s in column.shape[1:])), dtype=column.dtype)
+        elif isinstance(column, np.ndarray):
+            row[key] = np.zeros((1, *(max(1, s) for s in column.shape[1:])), dtype=column.dtype)
+    for key in ("prompt_ids", "action_ids", "allowed_ids"):
+        if key in row:
+            row[key] = torch.full_like(torch.as_tensor(row[key]), pad_token_id)
+    for key in ("prompt_len", "action_len"):
+        if key in row:
+            row[key] = torch.ones_like(torch.as_tensor(row[key]))
+    return row
+
+
+def _numpy_or_tensor(value: Any) -> Any:
+    """``convert_to_numpy``, except tensors of dtypes numpy has not (bfloat16), which stay CPU tensors."""
+    if isinstance(value, dict):
+        return {k: _numpy_or_tensor(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_numpy_or_tensor(v) for v in value)
+    if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16:
+        return value.detach().cpu().clone()
+    return convert_to_numpy(value)
+
+
+def _tensors(value: Any, device: torch.device) -> Any:
+    """Optimizer buffers back to tensors on ``device`` (numpy arrays and the tensors kept above)."""
+    if isinstance(value, dict):
+        return {k: _tensors(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_tensors(v, device) for v in value)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return torch.as_tensor(np.array(value)).to(device)
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    return value
+
+
+class ChunkedTorchLearner(TorchLearner):
+    """A ``TorchLearner`` with covering minibatches, chunked backward, low-precision checkpoints and FSDP."""
+
+    step_stats: StepStats
+
+    # ------------------------------------------------------------------------------------------ module hooks
+    def _inner(self, module_id: str) -> Any:
+        """The RLModule itself (under DDP the wrapped one)."""
+        return self.module[module_id].unwrapped()
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the learners shard the module with FSDP (``GAGPOConfig.learner_sharding == "fsdp"``)."""
+        return getattr(self.config, "learner_sharding", "ddp") == "fsdp" and world()[0] > 1
+
+    def get_parameters(self, module: Any) -> list[torch.nn.Parameter]:
+        """The parameters that train (``requires_grad``): all of them, or under LoRA the adapters only, so the
+        optimizer, gradient clipping and its checkpointed state see no frozen base weight."""
+        return [p for p in module.parameters() if p.requires_grad]
+
+    def _make_module(self):
+        module = super()._make_module()
+        if self.sharded:
+            for sub in module.values():
+                sub.shard_fsdp()
+        return module
+
+    def _make_modules_ddp_if_necessary(self) -> None:
+        if self.sharded:
+            return  # FSDP reduces the gradients itself
+        super()._make_modules_ddp_if_necessary()
+
+    def build(self) -> None:
+        super().build()
+        if self.sharded:
+            self.gather_full_state()
+
+    # ------------------------------------------------------------------------------------------- minibatches
+    def _create_iterator_if_necessary(
+        self,
+        *,
+        training_data,
+        num_total_minibatches: int = 0,
+        num_epochs: int = 1,
+        minibatch_size: int | None = None,
+        shuffle_batch_per_epoch: bool = False,
+        **kwargs,
+    ):
+        if training_data.data_iterators:
+            return super()._create_iterator_if_necessary(
+                training_data=training_data,
+                num_total_minibatches=num_total_minibatches,
+                num_epochs=num_epochs,
+                minibatch_size=minibatch_size,
+                shuffle_batch_per_epoch=shuffle_batch_per_epoch,
+                **kwargs,
+            )
+        batch = self._make_batch_if_necessary(training_data=training_data)
+        if len(batch.policy_batches) != 1:
+            raise ValueError(f"GAGPO trains one module; the batch has {sorted(batch.policy_batches)}")
+        return self._covering_minibatches(
+            batch,
+            num_total_minibatches=int(num_total_minibatches or 0),
+            num_epochs=max(1, int(num_epochs or 1)),
+            minibatch_size=minibatch_size,
+            shuffle=bool(shuffle_batch_per_epoch) and int(num_epochs or 1) > 1,
+        )
+
+    def _covering_minibatches(
+        self,
+        batch: MultiAgentBatch,
+        *,
+        num_total_minibatches: int,
+        num_epochs: int,
+        minibatch_size,
+        shuffle: bool,
+    ) -> Iterator[MultiAgentBatch]:
+        """``num_total_minibatches`` steps (or ``num_epochs`` x ``ceil(n / minibatch_size)``), each epoch a cover."""
+        ((module_id, module_batch),) = batch.policy_batches.items()
+        n = len(module_batch)
+        if num_total_minibatches > 0:
+            total = num_total_minibatches
+            per_epoch = -(-total // num_epochs)
+        else:
+            per_epoch = minibatches_per_epoch(n, minibatch_size)
+            total = per_epoch * num_epochs
+        _, rank = world()
+        placeholder = None
+        done, epoch = 0, 0
+        while done < total:
+            rng = None
+            if shuffle and per_epoch > 1:
+                # The update's sequence number is checkpointed: a restored run shuffles as the uninterrupted one.
+                rng = np.random.default_rng([int(self.config.seed or 0), self._weights_seq_no, epoch, rank])
+            for idx in epoch_minibatches(n, per_epoch, rng):
+                if done == total:
+                    break
+                if len(idx):
+                    rows = SampleBatch({k: _take(v, idx) for k, v in module_batch.items()})
+                elif n:  # a stand-in: one of this learner's rows, trained with weight 0
+                    rows = SampleBatch(
+                        {k: _take(v, np.zeros(1, dtype=np.int64)) for k, v in module_batch.items()}
+                    )
+                else:
+                    if placeholder is None:
+                        pad = self._inner(module_id).pad_token_id
+                        placeholder = _placeholder_row(module_batch, pad)
+                    rows = SampleBatch(dict(placeholder))
+                rows[ROW_WEIGHT] = torch.full((len(rows),), float(len(idx) > 0))
+                done += 1
+                yield MultiAgentBatch({module_id: rows}, env_steps=len(idx))
+            epoch += 1
+
+    def _log_steps_trained_metrics(self, batch: MultiAgentBatch) -> None:
+        # A stand-in step trains no rows.
+        if any(bool((b[ROW_WEIGHT] > 0).any()) for b in batch.policy_batches.values() if ROW_WEIGHT in b):
+            super()._log_steps_trained_metrics(batch)
+
+    # ------------------------------------------------------------------------------------------ one step
+    def _uncompiled_update(self, batch: dict[str, Any], **kwargs):
+        """Forward, loss and backward chunk by chunk, then RLlib's gradient postprocessing and optimizer step."""
+        self._compute_off_policyness(batch)
+        ((module_id, module_batch),) = batch.items()
+        module = self.module[module_id]
+        inner = module.unwrapped()
+        config = self.config.get_config_for_module(module_id)
+
+        weights = torch.as_tensor(module_batch[ROW_WEIGHT], dtype=torch.float32)
+        global_rows = agree_sum(float((weights > 0).sum()), self._device)
+        scale = world()[0] / global_rows if global_rows > 0 else 0.0
+        module_batch[ROW_WEIGHT] = weights * scale
+
+        chunks = inner.train_chunks(module_batch)
+        chunks += [None] * (inner.forward_rounds(len(chunks)) - len(chunks))  # FSDP: as many on every learner
+
+        for optim in self._optimizer_parameters:
+            optim.zero_grad(set_to_none=True)
+        self.step_stats = StepStats()
+        total = torch.zeros(())
+        for i, idx in enumerate(chunks):
+            if idx is None:  # a stand-in chunk: row 0 with weight 0
+                sub = {k: _take(v, np.zeros(1, dtype=np.int64)) for k, v in module_batch.items()}
+                sub[ROW_WEIGHT] = torch.zeros(1)
+            else:
+                sub = {k: _take(v, idx) for k, v in module_batch.items()}
+            with self._gradient_sync(module, i == len(chunks) - 1):
+                fwd_out = module.forward_train(sub)
+                loss = self.compute_loss_for_module(
+                    module_id=module_id, config=config, batch=sub, fwd_out=fwd_out
+                )
+                if loss.requires_grad:
+                    loss.backward()
+            total = total + loss.detach().cpu()
+            del fwd_out, loss
+        self.log_step_stats(module_id, self.step_stats)
+
+        gradients = {pid: p.grad for pid, p in self._params.items()}
+        self.apply_gradients(self.postprocess_gradients(gradients))
+        return {}, {module_id: total}, {}
+
+    def _gradient_sync(self, module: Any, last: bool) -> contextlib.AbstractContextManager:
+        """Gradients reduced over the learners on the step's last chunk only (accumulated locally before)."""
+        if last or world()[0] == 1:
+            if self.sharded:
+                module.unwrapped().set_gradient_sync(True)
+            return contextlib.nullcontext()
+        if self.sharded:
+            module.unwrapped().set_gradient_sync(False)
+            return contextlib.nullcontext()
+        return module.no_sync() if hasattr(module, "no_sync") else contextlib.nullcontext()
+
+    def log_step_stats(self, module_id: str, stats: StepStats) -> None:
+        """Reduce this step's statistics over the learners and log them (subclasses say which)."""
+
+    # ---------------------------------------------------------------------------------------------- state
+    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        super().after_gradient_based_update(timesteps=timesteps)
+        if self.sharded:
+            self.gather_full_state()
+
+    def gather_full_state(self, *, optimizer: bool = False) -> None:
+        """FSDP: gather the full weights (and, if asked, optimizer state) to learner 0, for RLlib's
+        ``get_state``, which asks learner 0 alone. A collective: every learner calls it."""
+        for sub in self.module.values():
+            sub.unwrapped().gather_full_state()
+        self._full_optimizer_state = None
+        if optimizer:
+            from gagpo_rllib.policy.fsdp import full_optimizer_state
+
+            self._full_optimizer_state = {
+                name: {
+                    "module_id": self._optimizer_name_to_module[name],
+                    "state": full_optimizer_state(self._inner(self._optimizer_name_to_module[name]), optim),
+                    "fsdp_full": True,
+                }
+                for name, optim in self._named_optimizers.items()
+            }
+
+    def get_state(self, components=None, *, not_components=None, **kwargs):
+        if (
+            self.sharded
+            and self._check_component(COMPONENT_OPTIMIZER, components, not_components)
+            and getattr(self, "_full_optimizer_state", None) is None
+        ):
+            raise RuntimeError(
+                "FSDP learner: the optimizer state is sharded; call gather_full_state(optimizer=True) on every "
+                "learner first (GAGPO.save_to_path does)"
+            )
+        return super().get_state(components, not_components=not_components, **kwargs)
+
+    def _get_optimizer_state(self) -> dict:
+        if self.sharded:
+            state, self._full_optimizer_state = self._full_optimizer_state, None
+            return state
+        return {
+            name: {
+                "module_id": self._optimizer_name_to_module[name],
+                "state": _numpy_or_tensor(optim.state_dict()),
+            }
+            for name, optim in self._named_optimizers.items()
+        }
+
+    def _set_optimizer_state(self, state: dict) -> None:
+        for name, entry in state.items():
+            if name not in self._named_optimizers:
+                continue
+            optim = self._named_optimizers[name]
+            if entry.get("fsdp_full"):
+                from gagpo_rllib.policy.fsdp import load_full_optimizer_state
+
+                load_full_optimizer_state(self._inner(entry["module_id"]), optim, entry["state"])
+                continue
+            saved = entry["state"]
+            optim.load_state_dict({**saved, "state": _tensors(saved["state"], self._device)})

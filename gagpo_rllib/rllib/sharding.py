@@ -1,0 +1,263 @@
+"""Scale-out over N RLlib learners: whole groups per learner, one shared minibatch plan, resource checks.
+
+RLlib's own episode split (``ShardEpisodesIterator``) cuts episodes and ignores groups, but a group's advantages
+need all K of its episodes on one learner. ``GroupShardedTrainingData.shard`` bins whole groups, largest first
+onto the least-loaded learner, where the load is the number of *trainable* steps (after ``skip_uniform_groups``).
+
+Under DDP every optimizer step all-reduces the gradients, so every learner must take the same number of steps
+whatever its shard size: each shard gets the same ``num_total_minibatches`` = ``num_epochs`` x ``ceil(largest
+shard / minibatch_size)``, and the learner splits its own rows into that many equal parts per epoch
+(``epoch_minibatches``). A part with no rows becomes a zero-weight step that still joins the all-reduce.
+
+Minibatches cover the batch exactly once per epoch, for any ``minibatch_size``: ``ceil(n / minibatch_size)``
+parts whose sizes differ by at most one, none larger than ``minibatch_size`` (RLlib's ``int(n / size)`` would
+leave the remainder untrained).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from ray.rllib.core.learner.training_data import TrainingData
+
+from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows, uniform_groups
+
+__all__ = [
+    "GroupShardedTrainingData",
+    "assign_groups",
+    "epoch_minibatches",
+    "group_step_counts",
+    "minibatches_per_epoch",
+    "cluster_capacity",
+    "gpu_placement_problem",
+    "placement_shortfall",
+    "resource_shortfall",
+]
+
+
+def group_step_counts(
+    episodes: Sequence, *, invalid_penalty: float, skip_uniform_groups: bool
+) -> dict[int, tuple[int, int]]:
+    """group id -> (trainable steps, all steps); a uniform group has 0 trainable steps when skipped."""
+    rows = episode_rows(episodes, invalid_penalty)
+    skipped = uniform_groups(rows) if skip_uniform_groups else set()
+    gids, counts = np.unique(rows.group_id, return_counts=True)
+    return {int(g): (0 if int(g) in skipped else int(c), int(c)) for g, c in zip(gids, counts, strict=True)}
+
+
+def assign_groups(counts: dict[int, tuple[int, int]], num_shards: int) -> list[list[int]]:
+    """Group ids per shard: largest (trainable, all) first onto the shard with the least (trainable, all, groups).
+
+    Deterministic (ties by group id, then shard index); with at least ``num_shards`` groups every shard gets one.
+    """
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    heap = [(0, 0, 0, i) for i in range(num_shards)]
+    shards: list[list[int]] = [[] for _ in range(num_shards)]
+    for gid in sorted(counts, key=lambda g: (-counts[g][0], -counts[g][1], g)):
+        trainable, steps, groups, i = heapq.heappop(heap)
+        shards[i].append(gid)
+        heapq.heappush(heap, (trainable + counts[gid][0], steps + counts[gid][1], groups + 1, i))
+    return shards
+
+
+def minibatches_per_epoch(largest_shard_rows: int, minibatch_size: int | None) -> int:
+    """Optimizer steps per epoch shared by all learners: no learner's minibatch exceeds ``minibatch_size``."""
+    if not minibatch_size:
+        return 1
+    return max(1, math.ceil(largest_shard_rows / int(minibatch_size)))
+
+
+def epoch_minibatches(
+    num_rows: int, num_parts: int, rng: np.random.Generator | None = None
+) -> list[np.ndarray]:
+    """Row indices of ``num_parts`` minibatches covering ``range(num_rows)`` once (shuffled when ``rng`` given).
+
+    Sizes differ by at most one; parts are empty only when ``num_rows < num_parts``.
+    """
+    order = rng.permutation(num_rows) if rng is not None else np.arange(num_rows)
+    return np.array_split(order, num_parts)
+
+
+@dataclasses.dataclass
+class GroupShardedTrainingData(TrainingData):
+    """Episodes for ``LearnerGroup.update(training_data=...)`` that shard by whole groups (see the module doc).
+
+    ``invalid_penalty`` and ``skip_uniform_groups`` must be the learner connector's, so that the trainable step
+    counts used for balancing are the rows the learners will train on.
+    """
+
+    invalid_penalty: float = 0.0
+    skip_uniform_groups: bool = False
+
+    def shard(self, num_shards: int, len_lookback_buffer: int | None = None, **kwargs: Any):
+        if self.episodes is None:
+            return super().shard(num_shards, len_lookback_buffer=len_lookback_buffer, **kwargs)
+        counts = group_step_counts(
+            self.episodes, invalid_penalty=self.invalid_penalty, skip_uniform_groups=self.skip_uniform_groups
+        )
+        by_group: dict[int, list] = defaultdict(list)
+        for episode in self.episodes:
+            by_group[int(episode.custom_data["group_id"])].append(episode)
+        shards = assign_groups(counts, num_shards)
+        largest = max(sum(counts[g][0] for g in shard) for shard in shards)
+        per_epoch = minibatches_per_epoch(largest, kwargs.get("minibatch_size"))
+        total = per_epoch * int(kwargs.get("num_epochs", 1) or 1)
+        return [
+            (TrainingData(episodes=[e for g in shard for e in by_group[g]]), {"num_total_minibatches": total})
+            for shard in shards
+        ]
+
+
+def cluster_capacity() -> tuple[float, float, str] | None:
+    """(CPUs, GPUs, where) of the running Ray cluster, else of this machine (what ``ray.init()`` would find);
+    None when ``RAY_ADDRESS`` points at a cluster not joined yet."""
+    import ray
+
+    if ray.is_initialized():
+        total = ray.cluster_resources()
+        return float(total.get("CPU", 0)), float(total.get("GPU", 0)), "the Ray cluster"
+    if os.environ.get("RAY_ADDRESS"):
+        return None
+    import torch
+
+    gpus = float(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    return float(os.cpu_count() or 1), gpus, "this machine"
+
+
+def _evaluation_runners(config: Any) -> tuple[int, float, float, str | None]:
+    """(evaluation EnvRunners, GPUs each, CPUs each, their backend); (0, 0, 0, None) without evaluation."""
+    if getattr(config, "in_evaluation", False) or not config.evaluation_interval:
+        return 0, 0.0, 0.0, None
+    overrides = config.evaluation_config
+    overrides = overrides.to_dict() if hasattr(overrides, "to_dict") else dict(overrides or {})
+
+    def field(name: str) -> Any:
+        return overrides.get(name, getattr(config, name))
+
+    return (
+        int(config.evaluation_num_env_runners or 0),
+        float(field("num_gpus_per_env_runner") or 0),
+        float(field("num_cpus_per_env_runner") or 0),
+        field("backend"),
+    )
+
+
+def resource_shortfall(config: Any) -> str | None:
+    """Why the learners, EnvRunners and evaluation EnvRunners asked for cannot be placed, or None.
+
+    Compared with the Ray cluster's totals when Ray runs, else with this machine; skipped when ``RAY_ADDRESS``
+    points at a cluster not joined yet. Actors that cannot be placed would otherwise wait forever.
+    """
+    capacity = cluster_capacity()
+    if capacity is None:
+        return None
+    have_cpu, have_gpu, where = capacity
+    n_learners, n_runners = int(config.num_learners), int(config.num_env_runners)
+    n_eval, eval_gpu, eval_cpu, _ = _evaluation_runners(config)
+    gpu_per_learner = float(config.num_gpus_per_learner or 0)
+    cpu_per_learner = config.num_cpus_per_learner
+    if cpu_per_learner == "auto":
+        cpu_per_learner = 1 if gpu_per_learner == 0 else 0
+    gpu_per_runner = float(config.num_gpus_per_env_runner or 0)
+    want_gpu = n_learners * gpu_per_learner + n_runners * gpu_per_runner + n_eval * eval_gpu
+    want_cpu = (
+        n_learners * float(cpu_per_learner)
+        + n_runners * float(config.num_cpus_per_env_runner or 0)
+        + n_eval * eval_cpu
+    )
+    evaluation = f" + evaluation_num_env_runners={n_eval} x {eval_gpu:g}" if n_eval else ""
+    if want_gpu > have_gpu + 1e-9:
+        return (
+            f"num_learners={n_learners} x num_gpus_per_learner={gpu_per_learner:g} + num_env_runners={n_runners}"
+            f" x num_gpus_per_env_runner={gpu_per_runner:g}{evaluation} asks for {want_gpu:g} GPUs;"
+            f" {where} has {have_gpu:g}"
+        )
+    evaluation = f" + evaluation_num_env_runners={n_eval} x {eval_cpu:g}" if n_eval else ""
+    if want_cpu > have_cpu + 1e-9:
+        return (
+            f"num_learners={n_learners} x num_cpus_per_learner={cpu_per_learner:g} + num_env_runners={n_runners}"
+            f" x num_cpus_per_env_runner={config.num_cpus_per_env_runner:g}{evaluation} asks for {want_cpu:g}"
+            f" CPUs; {where} has {have_cpu:g}"
+        )
+    return None
+
+
+def gpu_placement_problem(config: Any) -> str | None:
+    """What in the GPU layout would fail at run time, with the fix, or None.
+
+    - NCCL learners sharing a GPU: with two or more learners on GPUs each needs a whole one (Ray packs fractional
+      learners onto one device, and NCCL refuses two ranks on the same GPU).
+    - vLLM engines only where a GPU is reserved: the training rollouts need remote EnvRunners (a local runner is
+      in the driver's or the Algorithm's process), validation needs its own evaluation EnvRunners, and on a
+      cluster with GPUs every such runner needs a GPU share (else the engine starts on cuda:0, someone else's).
+    """
+    n_learners = int(config.num_learners)
+    gpu_per_learner = float(config.num_gpus_per_learner or 0)
+    if n_learners >= 2 and 0 < gpu_per_learner < 1:
+        return (
+            f"num_learners={n_learners} with num_gpus_per_learner={gpu_per_learner:g}: NCCL needs a whole GPU per"
+            " learner (Ray would put two learners on one GPU and NCCL refuses that); set num_gpus_per_learner=1"
+            " and give the EnvRunners the GPUs that are left"
+        )
+    in_eval = bool(getattr(config, "in_evaluation", False))
+    capacity = cluster_capacity()
+    have_gpu = capacity[1] if capacity is not None else 0.0
+    # An evaluation config object is validated by RLlib even when no evaluation runs (it keeps the interval).
+    if config.backend == "vllm" and not (in_eval and not config.evaluation_interval):
+        runners = "evaluation_num_env_runners" if in_eval else "num_env_runners"
+        if int(config.num_env_runners) < 1:
+            return (
+                f"{runners}=0 with backend 'vllm': the engine would run in the "
+                f"{'evaluation group' if in_eval else 'driver'}'s local EnvRunner, in the driver's or the Algorithm's"
+                f" process, which holds no GPU for it; set {runners} >= 1 (with num_gpus_per_env_runner)"
+            )
+        if have_gpu > 0 and float(config.num_gpus_per_env_runner or 0) <= 0:
+            return (
+                f"{runners}={config.num_env_runners} with num_gpus_per_env_runner=0 and backend 'vllm' on a"
+                f" cluster with {have_gpu:g} GPUs: each engine would start on cuda:0, a GPU reserved for someone"
+                " else; give the EnvRunners a GPU share (num_gpus_per_env_runner)"
+            )
+    n_eval, eval_gpu, _, eval_backend = _evaluation_runners(config)
+    if eval_backend == "vllm":
+        if n_eval < 1:
+            return (
+                "evaluation_num_env_runners=0 with backend 'vllm' and evaluation_interval set: validation would"
+                " start a vLLM engine in the Algorithm's process, which holds no GPU; set"
+                " evaluation_num_env_runners=1 (gagpo_rllib.rllib.evaluation.with_validation does with backend 'vllm')"
+            )
+        if have_gpu > 0 and eval_gpu <= 0:
+            return (
+                f"evaluation_num_env_runners={n_eval} with num_gpus_per_env_runner=0 for evaluation and backend"
+                f" 'vllm' on a cluster with {have_gpu:g} GPUs: give the evaluation runners a GPU share"
+                " (evaluation_config num_gpus_per_env_runner)"
+            )
+    return None
+
+
+def placement_shortfall(bundles: Sequence[dict[str, float]]) -> str | None:
+    """Why a trial's placement bundles exceed the running Ray cluster, or None (also when Ray is not running).
+
+    Tune would otherwise keep the trial pending forever; its request includes a bundle for the driver.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    total = ray.cluster_resources()
+    for resource in ("CPU", "GPU"):
+        want = sum(float(b.get(resource, 0)) for b in bundles)
+        have = float(total.get(resource, 0))
+        if want > have + 1e-9:
+            return (
+                f"the trial asks for {want:g} {resource}s in {len(bundles)} bundles (driver, learners, EnvRunners);"
+                f" the Ray cluster has {have:g}"
+            )
+    return None

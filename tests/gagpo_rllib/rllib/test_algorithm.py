@@ -1,0 +1,120 @@
+"""GAGPO on Ray: grouped sampling over 2 EnvRunners, advantages, one training iteration, metrics."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import ray
+import ray.cloudpickle
+
+import tests.gagpo_rllib.toy_env as toy_env
+from gagpo_rllib.rllib.algorithm import GAGPO, split_plan, task_plan
+from tests.gagpo_rllib.advantage_check import assert_connector_advantages_are_the_engines
+from tests.gagpo_rllib.toy_env import make_config
+
+K, N = 3, 2
+
+
+@pytest.fixture(scope="module")
+def algo(tiny_policy_path: Path):
+    ray.cloudpickle.register_pickle_by_value(
+        toy_env
+    )  # the EnvRunner processes cannot import the tests folder
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    config = make_config(tiny_policy_path, num_env_runners=2, group_size=K, groups_per_iteration=N)
+    algo = config.build_algo()
+    yield algo
+    algo.stop()
+    ray.shutdown()
+    ray.cloudpickle.unregister_pickle_by_value(toy_env)
+
+
+def test_task_plan_is_a_function_of_seed_and_iteration() -> None:
+    a = task_plan(10, groups=4, group_size=3, seed=1, iteration=5)
+    assert a == task_plan(10, groups=4, group_size=3, seed=1, iteration=5)
+    assert [p.task_id for p in a] != [
+        p.task_id for p in task_plan(10, groups=4, group_size=3, seed=1, iteration=6)
+    ]
+    assert len({p.task_id for p in a}) == 4  # without replacement while N <= num_tasks
+    assert [p.member for p in a[:3]] == [0, 1, 2] and len({p.group_id for p in a}) == 4
+    assert len({p.env_seed for p in a}) == 12
+    shares = split_plan(a, 5)
+    assert sum(shares, []) == a and max(map(len, shares)) - min(map(len, shares)) <= 1
+    with pytest.raises(ValueError, match="num_tasks"):
+        task_plan(0, groups=1, group_size=1, seed=0, iteration=0)
+
+
+def test_two_runners_play_exact_groups_with_matching_advantages(algo: GAGPO) -> None:
+    assert algo.env_runner_group.num_remote_env_runners() == 2
+    plan = algo.iteration_plan(0)
+    episodes, stats, _ = algo.sample_groups(plan, 0)
+    assert len(episodes) == N * K and len(stats) == 2 and all(s.env_steps > 0 for s in stats)
+    groups = defaultdict(list)
+    for ep in episodes:
+        assert ep.is_done
+        groups[ep.custom_data["group_id"]].append(ep)
+    planned = {p.group_id: p.task_id for p in plan}
+    assert set(groups) == set(planned)
+    for gid, members in groups.items():
+        assert sorted(e.custom_data["member"] for e in members) == list(range(K))
+        # Every step of every member played the planned task instance (the env says so in its info).
+        assert {i["task_id"] for e in members for i in e.get_infos()} == {planned[gid]}
+
+    assert_connector_advantages_are_the_engines(algo, episodes)
+
+    # Same weights, same seeds: the same episodes again.
+    again, _, _ = algo.sample_groups(plan, 0)
+
+    def key(eps: list) -> list:
+        return sorted(
+            (e.custom_data["group_id"], e.custom_data["member"], tuple(e.get_actions())) for e in eps
+        )
+
+    assert key(again) == key(episodes)
+
+
+def test_train_iteration_reports_metrics(algo: GAGPO) -> None:
+    result = algo.train()
+    g = result["gagpo"]
+    assert 0.0 <= g["success_rate"] <= 1.0 and g["num_episodes"] == N * K
+    assert g["episode_return_mean"] == pytest.approx(10.0 * g["success_rate"])
+    for key in (
+        "invalid_action_share",
+        "episode_len_mean",
+        "time_generation_s",
+        "time_env_s",
+        "time_learner_s",
+        "generated_tokens_per_s",
+    ):
+        assert key in g
+    assert g["generated_tokens_per_s"] > 0
+    learner = result["learners"]
+    assert learner["default_policy"]["first_minibatch_ratio_max_dev"] < 1e-4
+    for key in ("kl", "entropy", "clip_fraction", "ratio_mean", "gradients_default_optimizer_global_norm"):
+        assert key in learner["default_policy"]
+    for key in ("singleton_share", "state_group_size_mean", "adv_iqr", "adv_std"):
+        assert key in learner["gagpo"]
+    assert result["env_runners"]["num_episodes"] == N * K
+
+
+def test_checkpoint_restores_the_policy(algo: GAGPO, tmp_path: Path) -> None:
+    import torch
+
+    learner = algo.learner_group._learner
+    model = learner.module["default_policy"].model
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    algo.save_to_path(tmp_path / "ckpt")
+    algo.train()
+    assert any(not torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    algo.restore_from_path(tmp_path / "ckpt")
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, saved[k])
+    # The runners sample with the restored weights again.
+    states = algo.env_runner_group.foreach_env_runner(
+        lambda r: {k: v.clone() for k, v in r.module.model.state_dict().items()}, local_env_runner=False
+    )
+    for state in states:
+        for k, v in state.items():
+            torch.testing.assert_close(v, saved[k])

@@ -1,0 +1,113 @@
+"""GAGPOConfig: a typed fluent setter, and validation errors that name the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from gagpo_rllib.policy.rl_module import LLMRLModule
+from gagpo_rllib.rllib.algorithm import GAGPO, GAGPOConfig
+from gagpo_rllib.rllib.learner import GAGPOTorchLearner
+
+
+def _valid() -> GAGPOConfig:
+    return GAGPOConfig().gagpo(
+        model_path="/some/model", prompt_template="{task}", first_prompt_template="{task}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("group_size", 0),
+        ("group_size", 2.5),
+        ("groups_per_iteration", 0),
+        ("lam", 1.5),
+        ("lam", -0.1),
+        ("gamma", 1.01),
+        ("estimator", "a2c"),
+        ("norm", "max"),
+        ("clip_eps", 0.0),
+        ("kl_coeff", -1.0),
+        ("entropy_coeff", float("nan")),
+        ("invalid_penalty", -0.1),
+        ("history_length", -1),
+        ("max_new_tokens", 0),
+        ("temperature", 0.0),
+        ("max_steps", 0),
+        ("backend", "tgi"),
+        ("dtype", "int8"),
+        ("model_path", None),
+        ("model_path", "  "),
+        ("envs_per_runner", 0),
+        ("skip_uniform_groups", "yes"),
+        ("state_key", "exact"),
+        ("state_key_history", -1),
+        ("similarity_threshold", 0.0),
+        ("vf_coeff", -1.0),
+        ("vf_clip", 0.0),
+        ("critic_lr", 0.0),
+        ("critic_share_trunk", "yes"),
+        ("max_prompt_tokens", 0),
+        ("train_chunk_tokens", 0),
+        ("train_chunk_tokens", 8.5),
+        ("reference_cache_rows", -1),
+        ("learner_sharding", "zero3"),
+        ("gradient_checkpointing", "on"),
+        ("pure_low_precision", 1),
+    ],
+)
+def test_bad_values_name_the_field(field: str, value) -> None:
+    config = _valid().gagpo(**{field: value})
+    with pytest.raises(ValueError, match=rf"GAGPOConfig\.{field}\b"):
+        config.validate_gagpo()
+
+
+def test_gigpo_needs_a_centring_norm() -> None:
+    with pytest.raises(ValueError, match="GAGPOConfig.norm"):
+        _valid().gagpo(estimator="gigpo", norm="none").validate_gagpo()
+
+
+def test_missing_model_path_fails_validate() -> None:
+    config = GAGPOConfig().gagpo(prompt_template="{task}", first_prompt_template="{task}")
+    with pytest.raises(ValueError, match="GAGPOConfig.model_path"):
+        config.validate()
+
+
+def test_fluent_setter_sets_only_given_fields_and_defaults() -> None:
+    config = _valid().gagpo(group_size=4, estimator="rloo")
+    assert config.group_size == 4 and config.estimator == "rloo"
+    assert config.groups_per_iteration == 16 and config.lam == 0.95 and config.invalid_penalty == 0.1
+    config.validate_gagpo()
+    assert config.algo_class is GAGPO
+    assert config.get_default_learner_class() is GAGPOTorchLearner
+    spec = config.get_default_rl_module_spec()
+    assert spec.module_class is LLMRLModule
+    assert spec.model_config["model_path"] == "/some/model"
+    assert spec.model_config["eval_sampling"]["temperature"] == config.eval_temperature
+
+
+def test_validate_sizes_the_runners_for_one_iteration() -> None:
+    config = _valid().gagpo(group_size=4, groups_per_iteration=3, max_steps=7).env_runners(num_env_runners=2)
+    config.validate()
+    assert config.num_envs_per_env_runner == 6
+    assert config.env_config["max_steps"] == 7
+    config = _valid().gagpo(envs_per_runner=2)
+    config.validate()
+    assert config.num_envs_per_env_runner == 2
+
+
+def test_reference_copy_only_when_the_kl_term_is_on() -> None:
+    assert _valid().module_model_config()["reference"] is True
+    assert _valid().gagpo(kl_coeff=0.0).module_model_config()["reference"] is False
+
+
+def test_old_logprobs_are_recomputed_exactly_when_rollout_numerics_differ():
+    from gagpo_rllib.rllib.algorithm import GAGPOConfig
+
+    config = GAGPOConfig().gagpo(model_path="m")
+    assert not config.uses_recomputed_old_logprobs
+    assert config.copy().gagpo(dtype="bfloat16").uses_recomputed_old_logprobs
+    assert config.copy().gagpo(backend="vllm").uses_recomputed_old_logprobs
+    assert config.copy().gagpo(recompute_old_logprobs=True).uses_recomputed_old_logprobs
+    assert config.copy().gagpo(recompute_old_logprobs=True).grouped_advantages().recompute_old_logprobs
+    assert not config.copy().gagpo(backend="vllm", recompute_old_logprobs=False).uses_recomputed_old_logprobs

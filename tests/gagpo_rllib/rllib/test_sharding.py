@@ -1,0 +1,178 @@
+"""Whole-group shards, the shared minibatch plan and the scale-out validation (no Ray cluster needed)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+from envs.maze import MazeEnv
+from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
+from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib.rllib.connectors.module_to_env import INVALID
+from gagpo_rllib.rllib.sharding import (
+    GroupShardedTrainingData,
+    assign_groups,
+    epoch_minibatches,
+    group_step_counts,
+    minibatches_per_epoch,
+)
+
+
+def _episode(group_id: int, member: int, rewards: list[float]) -> SingleAgentEpisode:
+    n = len(rewards)
+    episode = SingleAgentEpisode(
+        observations=["obs"] * (n + 1),
+        actions=["act"] * n,
+        rewards=rewards,
+        infos=[{"state_key": f"{group_id}:{t}"} for t in range(n + 1)],
+        extra_model_outputs={
+            INVALID: [False] * n,
+            PROMPT_IDS: [[1]] * n,
+            ACTION_IDS: [[2]] * n,
+            ACTION_LOGP: [[-1.0]] * n,
+        },
+        terminated=True,
+        len_lookback_buffer=0,
+    )
+    episode.custom_data.update(group_id=group_id, member=member)
+    return episode
+
+
+def _batch() -> list[SingleAgentEpisode]:
+    """Five groups of two: steps 9, 7, 5, 4 (uniform returns), 2."""
+    lengths = {0: (5, 4), 1: (3, 4), 2: (2, 3), 3: (2, 2), 4: (1, 1)}
+    episodes = []
+    for gid, (a, b) in lengths.items():
+        won = [0.0] * (a - 1) + [1.0]
+        other = [0.0] * b if gid != 3 else [0.0] * (b - 1) + [1.0]
+        episodes += [_episode(gid, 0, won), _episode(gid, 1, other)]
+    return episodes
+
+
+def test_group_step_counts_give_uniform_groups_no_trainable_steps() -> None:
+    counts = group_step_counts(_batch(), invalid_penalty=0.1, skip_uniform_groups=True)
+    assert counts == {0: (9, 9), 1: (7, 7), 2: (5, 5), 3: (0, 4), 4: (2, 2)}
+    assert group_step_counts(_batch(), invalid_penalty=0.1, skip_uniform_groups=False)[3] == (4, 4)
+
+
+def test_assign_groups_puts_largest_first_onto_the_least_loaded_shard() -> None:
+    counts = {0: (9, 9), 1: (7, 7), 2: (5, 5), 3: (0, 4), 4: (2, 2)}
+    shards = assign_groups(counts, 2)
+    assert sorted(g for s in shards for g in s) == sorted(counts)
+    assert shards == [[0, 4, 3], [1, 2]]  # 11 and 12 trainable steps
+    # Every shard gets a group when there are enough, even groups without trainable steps.
+    assert all(assign_groups({g: (0, 3) for g in range(3)}, 3))
+    assert assign_groups(counts, 1) == [[0, 1, 2, 4, 3]]
+    with pytest.raises(ValueError, match="num_shards"):
+        assign_groups(counts, 0)
+
+
+def test_epoch_minibatches_cover_every_row_once_in_equal_parts() -> None:
+    for n, size in ((10, 3), (7, 7), (13, 4), (1, 5)):
+        parts = minibatches_per_epoch(n, size)
+        assert parts == -(-n // size)
+        batches = epoch_minibatches(n, parts, np.random.default_rng(0))
+        assert sorted(np.concatenate(batches).tolist()) == list(range(n))
+        lengths = [len(b) for b in batches]
+        assert max(lengths) <= size and max(lengths) - min(lengths) <= 1
+    assert minibatches_per_epoch(10, None) == 1 and minibatches_per_epoch(0, 4) == 1
+    # More parts than rows: the extra parts are empty (zero-weight steps on that learner).
+    assert [len(b) for b in epoch_minibatches(2, 4)] == [1, 1, 0, 0]
+
+
+def test_training_data_shards_whole_groups_with_one_minibatch_count() -> None:
+    episodes = _batch()
+    data = GroupShardedTrainingData(episodes=episodes, invalid_penalty=0.1, skip_uniform_groups=True)
+    shards = data.shard(num_shards=2, minibatch_size=4, num_epochs=3)
+    assert len(shards) == 2
+    groups = [sorted({e.custom_data["group_id"] for e in td.episodes}) for td, _ in shards]
+    assert groups == [[0, 3, 4], [1, 2]]
+    for (td, _), gids in zip(shards, groups, strict=True):
+        assert len(td.episodes) == 2 * len(gids)  # both members of every group
+    # Largest shard: 12 trainable steps -> ceil(12 / 4) = 3 minibatches per epoch, on every learner.
+    assert [kw for _, kw in shards] == [{"num_total_minibatches": 9}] * 2
+    assert [kw for _, kw in data.shard(num_shards=2, minibatch_size=None)] == [
+        {"num_total_minibatches": 1}
+    ] * 2
+
+
+def _config(**learners) -> GAGPOConfig:
+    return (
+        GAGPOConfig()
+        .environment(MazeEnv, env_config={"split": "train"})
+        .gagpo(model_path="/models/any", groups_per_iteration=2)
+        .learners(**learners)
+    )
+
+
+def test_validation_names_groups_per_iteration_when_learners_outnumber_groups() -> None:
+    with pytest.raises(ValueError, match=r"groups_per_iteration must be >= num_learners \(3\)"):
+        _config(num_learners=3).validate()
+    _config(num_learners=2).validate()
+
+
+def test_validation_says_what_was_asked_and_what_exists() -> None:
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    n = gpus + 1
+    asked = rf"num_learners={n} x num_gpus_per_learner=1 .* asks for {n} GPUs; this machine has {gpus}"
+    with pytest.raises(ValueError, match=asked):
+        _config(num_learners=n, num_gpus_per_learner=1).gagpo(groups_per_iteration=n).validate()
+    cores = os.cpu_count() or 1
+    with pytest.raises(ValueError, match=rf"asks for {cores + 1} CPUs; this machine has {cores}"):
+        _config().env_runners(num_env_runners=cores + 1).validate()
+
+
+@pytest.fixture
+def two_gpu_cluster():
+    """A Ray cluster that declares 2 GPUs (logical: the placement arithmetic, not a device)."""
+    import ray
+
+    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _gpu_config(**gagpo) -> GAGPOConfig:
+    return (
+        GAGPOConfig()
+        .environment(MazeEnv, env_config={"split": "train"})
+        .gagpo(model_path="/models/any", groups_per_iteration=4, **gagpo)
+    )
+
+
+def test_placement_checks_name_the_problem_before_anything_starts(two_gpu_cluster) -> None:
+    from gagpo_rllib.rllib.evaluation import with_validation
+    from gagpo_rllib.rllib.sharding import gpu_placement_problem, resource_shortfall
+
+    sharing = _gpu_config().learners(num_learners=2, num_gpus_per_learner=0.5)
+    problem = gpu_placement_problem(sharing)
+    assert "num_learners=2 with num_gpus_per_learner=0.5: NCCL needs a whole GPU" in problem
+    assert "set num_gpus_per_learner=1" in problem
+    assert gpu_placement_problem(_gpu_config().learners(num_learners=2, num_gpus_per_learner=1)) is None
+
+    too_many = _gpu_config().learners(num_learners=2, num_gpus_per_learner=1)
+    too_many = too_many.env_runners(num_env_runners=1, num_gpus_per_env_runner=1)
+    with pytest.raises(ValueError, match=r"asks for 3 GPUs; the Ray cluster has 2"):
+        too_many.validate()
+
+    vllm = _gpu_config(backend="vllm").env_runners(num_env_runners=1, num_gpus_per_env_runner=0.5)
+    with pytest.raises(
+        ValueError, match="num_gpus_per_env_runner=0 and backend 'vllm' on a cluster with 2 GPUs"
+    ):
+        _gpu_config(backend="vllm").env_runners(num_env_runners=1).validate()
+    vllm.validate()
+    # Evaluation runners count against the cluster and need a GPU share of their own with vLLM.
+    assert gpu_placement_problem(with_validation(vllm, split="eval", interval=1)) is None  # inherits 0.5
+    without = with_validation(vllm, split="eval", interval=1, num_gpus_per_env_runner=0)
+    with pytest.raises(ValueError, match="evaluation_num_env_runners=1 with num_gpus_per_env_runner=0"):
+        without.validate()
+    with_validation(vllm, split="eval", interval=1, num_gpus_per_env_runner=0.2).validate()
+    heavy = with_validation(vllm, split="eval", interval=1, num_env_runners=2, num_gpus_per_env_runner=1)
+    assert "evaluation_num_env_runners=2 x 1 asks for 2.5 GPUs; the Ray cluster has 2" in resource_shortfall(
+        heavy
+    )
