@@ -185,7 +185,7 @@ def _task_config(task: str, backend: str, seed: int):
         config.evaluation(evaluation_interval=None)
     # the same prompt limit for both (the vLLM engine is sized to it)
     extra = {"max_prompt_tokens": 2048} if config.max_prompt_tokens is None else {}
-    return config.gagpo(backend=backend, torch_threads=1, **extra)
+    return config.env_runners(backend=backend, torch_threads=1).llm(**extra)
 
 
 def _backend_child(args: argparse.Namespace) -> None:

@@ -21,8 +21,9 @@ import ray
 import torch
 
 from envs.maze import MazeEnv
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.policy.models import build_tiny_policy
-from gagpo_rllib.rllib.algorithm import GAGPOConfig, task_plan
+from gagpo_rllib.rllib.algorithm import task_plan
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
 from gagpo_rllib.rllib.sharding import GroupShardedTrainingData
 
@@ -34,14 +35,8 @@ def make_config(model_path: str, args: argparse.Namespace) -> GAGPOConfig:
         GAGPOConfig()
         .environment(MazeEnv, env_config=dict(ENV_CONFIG))
         .env_runners(num_env_runners=0)
-        .gagpo(
-            model_path=model_path,
-            group_size=args.group_size,
-            groups_per_iteration=args.groups,
-            constrained_decoding=True,
-            max_new_tokens=8,
-            max_steps=args.max_steps,
-        )
+        .llm(model_path=model_path, constrained_decoding=True, max_new_tokens=8)
+        .gagpo(group_size=args.group_size, groups_per_iteration=args.groups, max_steps=args.max_steps)
         .training(lr=1e-4, minibatch_size=args.minibatch_size, num_epochs=1)
         .debugging(seed=0)
     )

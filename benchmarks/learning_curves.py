@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from gagpo_rllib.method.stats import mean_interval, paired_differences
+from gagpo_rllib.rllib.config import configure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,11 +129,11 @@ def make_run_config(variant: str, seed: int, task: str):
     config = example["make_config"](estimator=estimator, seed=seed, num_env_runners=0)
     if TASKS[task]:
         config.environment(env_config={**config.env_config, **TASKS[task]})
-        config.gagpo(model_path=str(hard_policy()))
+        config.llm(model_path=str(hard_policy()))
     if "lr" in overrides:
         config.training(lr=overrides.pop("lr"))
     if overrides:
-        config.gagpo(**overrides)
+        configure(config, **overrides)
     return config
 
 

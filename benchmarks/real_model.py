@@ -147,7 +147,7 @@ def measure(model: str, label: str, args: argparse.Namespace, work: Path) -> dic
 
 def warm_start(base: str, args: argparse.Namespace, work: Path) -> tuple[str, list[dict]]:
     """Format warm start: ALFWorld walkthroughs, then WebShop purchases, free-form with a reasoning line."""
-    from gagpo_rllib.rllib.algorithm import GAGPOConfig
+    from gagpo_rllib import GAGPOConfig
     from gagpo_rllib.rllib.evaluation import resolve_env
     from gagpo_rllib.tools.demonstrations import demonstrations_for
     from gagpo_rllib.tools.sft import SFTSettings, finetune
@@ -192,25 +192,22 @@ def warm_start(base: str, args: argparse.Namespace, work: Path) -> tuple[str, li
 def gagpo_iterations(model: str, args: argparse.Namespace) -> list[dict]:
     """A few GAGPO iterations from the warm start on ALFWorld's train games (free-form)."""
     from envs.alfworld import AlfworldEnv
-    from gagpo_rllib.rllib.algorithm import GAGPOConfig
+    from gagpo_rllib import GAGPOConfig
 
     config = (
         GAGPOConfig()
         .environment(AlfworldEnv, env_config={"split": "train"})
         .env_runners(num_env_runners=0)
-        .gagpo(
+        .llm(
             model_path=model,
-            group_size=2,
-            groups_per_iteration=1,
-            max_steps=args.gagpo_steps,
             history_length=args.history_length,
             max_prompt_tokens=args.max_prompt_tokens,
             max_new_tokens=args.max_new_tokens,
             constrained_decoding=False,
-            train_chunk_tokens=2048,
-            torch_threads=1,
         )
-        .training(lr=1e-6, minibatch_size=None)
+        .gagpo(group_size=2, groups_per_iteration=1, max_steps=args.gagpo_steps)
+        .env_runners(torch_threads=1)
+        .training(lr=1e-6, minibatch_size=None, train_chunk_tokens=2048)
         .debugging(seed=args.seed)
     )
     algo = config.build_algo()

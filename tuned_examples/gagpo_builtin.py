@@ -1,10 +1,10 @@
 """The embedded default: GAGPO with a tiny policy on the built-in maze, on CPU, with constrained decoding.
 
-Run ``python tuned_examples/gagpo_builtin.py`` (or ``rllib train file tuned_examples/gagpo_builtin.py``): it builds a
-tiny random-init Qwen2-style policy with a tokenizer trained on the maze's own texts (no download), trains until
-80% of an iteration's rollouts succeed, the iteration budget is spent or success has plateaued (its 5-iteration
-mean has not risen for ``PLATEAU_PATIENCE`` iterations), prints one progress line per iteration, then why it
-stopped and where the results and the checkpoint are. Settings follow ``shared/notes/cpu-learning.md``: 8 task
+Run ``python tuned_examples/gagpo_builtin.py`` (or ``rllib train file tuned_examples/gagpo_builtin.py``): when
+training starts it builds (cached) a tiny random-init Qwen2-style policy with a tokenizer trained on the maze's own
+texts (no download), trains until 80% of an iteration's rollouts succeed, the iteration budget is spent or success
+has plateaued (its 5-iteration mean has not risen for ``PLATEAU_PATIENCE`` iterations), prints one progress line
+per iteration, then why it stopped and where the results and the checkpoint are. Settings follow ``shared/notes/cpu-learning.md``: 8 task
 instances x 8 rollouts per iteration, lr 5e-4, entropy bonus 0.01, one epoch in minibatches of 512 steps.
 """
 
@@ -14,9 +14,9 @@ import argparse
 import os
 from pathlib import Path
 
-from envs.maze import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, MazeEnv
-from gagpo_rllib.policy.models import build_tiny_policy
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from envs.maze import MazeEnv
+from gagpo_rllib import GAGPOConfig
+from gagpo_rllib.tools.tiny_policies import TinyPolicy, maze_tiny_policy
 
 # Where the tiny policy is built (cached: later runs reuse it).
 POLICY_DIR = Path(
@@ -25,10 +25,8 @@ POLICY_DIR = Path(
 
 
 def maze_policy(out_dir: Path = POLICY_DIR, *, seed: int = 0) -> Path:
-    """A tiny policy whose tokenizer is trained on the maze texts, the templates and the chat markup."""
-    env = MazeEnv({"split": "train"})
-    corpus = env.corpus() + [FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, "user assistant system"]
-    return build_tiny_policy(out_dir, corpus=corpus, vocab_size=512, seed=seed)
+    """The tiny policy, built now (cached); the config builds it when training starts."""
+    return maze_tiny_policy(out_dir, seed=seed)
 
 
 def make_config(
@@ -39,18 +37,15 @@ def make_config(
         GAGPOConfig()
         .environment(MazeEnv, env_config={"split": "train", "num_tasks": 8})
         .env_runners(num_env_runners=num_env_runners)
-        .gagpo(
-            model_path=str(maze_policy(policy_dir)),
-            estimator=estimator,
-            group_size=8,
-            groups_per_iteration=8,
+        .llm(
+            model_path=str(policy_dir),
             constrained_decoding=True,
             max_new_tokens=8,
             history_length=2,
-            kl_coeff=0.01,
-            entropy_coeff=0.01,
         )
-        .training(lr=5e-4, num_epochs=1, minibatch_size=512, grad_clip=1.0)
+        .gagpo(estimator=estimator, group_size=8, groups_per_iteration=8)
+        .training(lr=5e-4, num_epochs=1, minibatch_size=512, grad_clip=1.0, kl_coeff=0.01, entropy_coeff=0.01)
+        .callbacks(on_setup_start=TinyPolicy(maze_tiny_policy, policy_dir))
         .debugging(seed=seed)
     )
 

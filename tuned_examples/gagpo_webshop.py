@@ -10,7 +10,7 @@ every 5 iterations on the eval split at temperature 0.4 (``evaluation/valid/scor
 ``rllib evaluate`` prints the same columns for a checkpoint).
 
 Without a model it is the embedded CPU default: a tiny random-init policy whose tokenizer is trained on the bundled
-catalogue's pages, constrained decoding over the admissible actions, where a search is typed from the goal's own
+catalogue's pages (built when training starts, cached), constrained decoding over the admissible actions, where a search is typed from the goal's own
 words (the env's ``search_grammar="goal_prefix"``: ``search[w1 ... wk]`` for any k, see envs/webshop/search_grammar.py),
 the purchase score (0-1) as the reward (``reward_mode="score"``: the tiny policy learns from partial matches before
 it ever buys the exact product), 4 goals x 4 rollouts, ``CPU_ITERATIONS`` iterations (about 25 minutes on 2 cores),
@@ -22,16 +22,14 @@ validation on 8 eval goals every 5 iterations.
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
 from envs.webshop import WebShopEnv
-from envs.webshop.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
-from gagpo_rllib.policy.models import build_tiny_policy
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.rllib import paper_setup
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
 from gagpo_rllib.rllib.evaluation import EvalSettings, with_validation
+from gagpo_rllib.tools.tiny_policies import WEBSHOP_CPU_ENV_CONFIG, TinyPolicy, webshop_tiny_policy
 
 VALID_SPLIT = "eval"
 POLICY_DIR = Path(
@@ -41,43 +39,15 @@ POLICY_DIR = Path(
 )
 # Learners (DDP, whole groups each) and EnvRunners (one rollout backend each): README "Scaling out".
 NUM_LEARNERS, NUM_ENV_RUNNERS = paper_setup.scale_out_from_env()
-ENV_CONFIG = {"split": "train", "strip_instruction": True}
 # The CPU default types searches from the goal's words and learns from the purchase score.
-CPU_ENV_CONFIG = {**ENV_CONFIG, "search_grammar": "goal_prefix", "reward_mode": "score"}
+CPU_ENV_CONFIG = WEBSHOP_CPU_ENV_CONFIG
 CPU_ITERATIONS = 40
 # The GiGPO reference's goals: train on [500:], validate on [:500] (WebShop's own baselines: test [:500]).
-PAPER_ENV_CONFIG = {**ENV_CONFIG, "split_scheme": "gigpo"}
-
-
-def webshop_corpus(num_goals: int = 24) -> list[str]:
-    """Goals, the search page, a results page and a product page for the first training goals."""
-    env = WebShopEnv(CPU_ENV_CONFIG)
-    texts: list[str] = []
-    for task_id in range(min(num_goals, env.num_tasks)):
-        obs, info = env.reset(seed=0, options={"task_id": task_id})
-        texts += [obs, info["task"], *info["admissible_actions"]]
-        obs, _, _, _, info = env.step(info["admissible_actions"][-1])
-        texts += [obs, *info["admissible_actions"]]
-        products = [a for a in info["admissible_actions"] if a.startswith("click[b0")]
-        if products:
-            obs, _, _, _, info = env.step(products[0])
-            texts += [obs, *info["admissible_actions"]]
-    return sorted(set(texts))
-
-
-def webshop_policy(out_dir: Path = POLICY_DIR, *, seed: int = 0) -> Path:
-    """A tiny policy for the CPU default, built once (delete the folder to rebuild it)."""
-    if (out_dir / "config.json").is_file() and (out_dir / "tokenizer_config.json").is_file():
-        return out_dir
-    corpus = webshop_corpus() + [FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, "user assistant system"]
-    return build_tiny_policy(out_dir, corpus=corpus, vocab_size=1024, seed=seed)
+PAPER_ENV_CONFIG = {"split": "train", "strip_instruction": True, "split_scheme": "gigpo"}
 
 
 def paper_config(model_path: str, *, num_gpus: int | None = None, seed: int = 0) -> GAGPOConfig:
-    """The paper's WebShop set-up (Qwen2.5-1.5B-Instruct): vLLM rollouts and bf16 when a GPU is there.
-
-    Validation every 5 iterations on the eval split at eval_temperature (its own, smaller vLLM engine).
-    """
+    """The paper's WebShop set-up (Qwen2.5-1.5B-Instruct); validation every 5 iterations on the eval split."""
     return paper_setup.paper_config(
         WebShopEnv,
         PAPER_ENV_CONFIG,
@@ -99,31 +69,23 @@ def cpu_config(
     config = (
         GAGPOConfig()
         .environment(WebShopEnv, env_config=dict(CPU_ENV_CONFIG))
-        .env_runners(num_env_runners=num_env_runners)
-        .learners(num_learners=NUM_LEARNERS)
-        .gagpo(
-            model_path=str(webshop_policy(policy_dir)),
-            estimator="gagpo",
-            group_size=4,
-            groups_per_iteration=4,
-            max_steps=15,
+        .llm(
+            model_path=str(policy_dir),
             history_length=2,
             max_prompt_tokens=1024,
             constrained_decoding=True,
             max_new_tokens=48,
-            kl_coeff=0.01,
-            entropy_coeff=0.01,
         )
-        .training(lr=5e-4, num_epochs=1, minibatch_size=512, grad_clip=1.0)
+        .gagpo(estimator="gagpo", group_size=4, groups_per_iteration=4, max_steps=15)
+        .training(lr=5e-4, num_epochs=1, minibatch_size=512, grad_clip=1.0, kl_coeff=0.01, entropy_coeff=0.01)
+        .env_runners(num_env_runners=num_env_runners)
+        .learners(num_learners=NUM_LEARNERS)
+        .callbacks(on_setup_start=TinyPolicy(webshop_tiny_policy, policy_dir))
         .debugging(seed=seed)
     )
     # Validation after every 5 iterations on 8 tasks of eval.
-    return with_validation(
-        config,
-        split=VALID_SPLIT,
-        interval=5,
-        settings=EvalSettings(split=VALID_SPLIT, num_tasks=8, seed=seed),
-    )
+    settings = EvalSettings(split=VALID_SPLIT, num_tasks=8, seed=seed)
+    return with_validation(config, split=VALID_SPLIT, interval=5, settings=settings)
 
 
 def make_config(model_path: str | None = None, **kwargs) -> GAGPOConfig:
@@ -137,22 +99,12 @@ stop = {"training_iteration": 150 if MODEL else CPU_ITERATIONS}
 
 
 if __name__ == "__main__":
-    from gagpo_rllib.tools.train import train
+    from gagpo_rllib.tools.train import example_main
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--model", default=MODEL, help="model folder (default $GAGPO_MODEL; none: CPU default)"
-    )
-    parser.add_argument("--gpus", type=int, default=None, help="GPUs to use (default $GAGPO_GPUS or 0)")
-    parser.add_argument("--iterations", type=int, default=None, help="iteration budget")
-    parser.add_argument("--storage", default="results", help="folder for results and checkpoints")
-    parser.add_argument("--checkpoint-freq", type=int, default=10, help="checkpoint every N iterations")
-    args = parser.parse_args()
-    config = paper_config(args.model, num_gpus=args.gpus) if args.model else cpu_config()
-    train(
-        config,
-        stop={**stop, "training_iteration": args.iterations or (150 if args.model else CPU_ITERATIONS)},
-        storage_path=args.storage,
+    example_main(
+        __doc__,
+        paper_config=paper_config,
+        cpu_config=cpu_config,
+        cpu_iterations=CPU_ITERATIONS,
         name="gagpo_webshop",
-        checkpoint_freq=args.checkpoint_freq,
     )

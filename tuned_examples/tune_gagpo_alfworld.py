@@ -26,7 +26,7 @@ from ray import tune
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gagpo_rllib.rllib.algorithm import GAGPOConfig  # noqa: E402
+from gagpo_rllib import GAGPOConfig  # noqa: E402
 from gagpo_rllib.tools.train import ProgressPrinter, find_metric  # noqa: E402
 
 METRIC = "gagpo/success_rate"

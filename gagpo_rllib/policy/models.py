@@ -20,7 +20,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 __all__ = [
     "CHATML_TEMPLATE",
     "SPECIAL_TOKENS",
-    "alfworld_tiny_policy",
     "build_tiny_policy",
     "convert_gguf",
     "inputs_digest",
@@ -47,7 +46,6 @@ _MANIFEST = "gagpo_tiny_build.json"
 # "name" or "org/name": anything else (more slashes, backslashes) can only be a local path.
 _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 _BUILD_VERSION = 1
-_ALFWORLD_CORPUS_VERSION = "alfworld walkthroughs + grammar, v1"
 # Enough English-like text for a few thousand merges while keeping the build around a second.
 _STDLIB_CHAR_BUDGET = 3_000_000
 
@@ -225,45 +223,6 @@ def _corpus_texts(corpus: Iterable[str] | Callable[[], Iterable[str]] | None) ->
     if not texts or not any(texts):
         raise ValueError("corpus: empty; the tokenizer needs some text to train on")
     return texts
-
-
-def alfworld_tiny_policy(
-    out_dir: str | Path,
-    *,
-    vocab_size: int = 1024,
-    seed: int = 0,
-    demonstrations: Callable[[], object] | None = None,
-    **architecture: int,
-) -> Path:
-    """A tiny policy whose tokenizer is trained on the bundled ALFWorld train games.
-
-    Corpus: the task, every observation and every admissible command along each game's walkthrough (replayed
-    through the env, about a minute), the engine's grammar (all feedback texts it can print) and the prompt
-    templates. The cache key is a digest of those inputs (game files, grammar, templates), so the build is
-    redone exactly when one changes. ``demonstrations`` (returning the walkthroughs' ``DemoSet``) lets a caller
-    share one replay with its warm start.
-    """
-    from envs.alfworld.games import BUNDLED_DATA, find_games
-    from envs.alfworld.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
-    from envs.alfworld.wheel import grammar_path, read_grammar
-    from gagpo_rllib.tools.demonstrations import alfworld_demonstrations, demonstration_texts
-
-    games = [Path(g.game_file) for g in find_games(BUNDLED_DATA, "train").games]
-    extra = [FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE, "user assistant system"]
-    key = inputs_digest(
-        files=[*games, *(g.parent / "traj_data.json" for g in games), grammar_path()],
-        texts=[*extra, _ALFWORLD_CORPUS_VERSION],
-    )
-
-    def corpus() -> list[str]:
-        demo_set = (
-            demonstrations() if demonstrations is not None else alfworld_demonstrations({"split": "train"})
-        )
-        return demonstration_texts(demo_set.demonstrations) + [read_grammar(), *extra]
-
-    return build_tiny_policy(
-        out_dir, corpus=corpus, corpus_key=key, vocab_size=vocab_size, seed=seed, **architecture
-    )
 
 
 def load_policy(

@@ -31,7 +31,7 @@ from ray.rllib.utils.metrics import EVALUATION_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from gagpo_rllib.policy.rl_module import ACTION_IDS, PROMPT_IDS
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib.rllib.config import GAGPOConfig, configure
 from gagpo_rllib.rllib.connectors.env_to_module import ENV_ACTION
 from gagpo_rllib.rllib.connectors.module_to_env import INVALID, INVALID_REASON
 from gagpo_rllib.rllib.env_runner import PlannedEpisode, derive_seed
@@ -315,7 +315,7 @@ def config_for_model(
         if env is None:
             raise ValueError("evaluating a model needs an env (--env) or a tuned-example file (--file)")
         config = GAGPOConfig().environment(env, env_config=dict(env_config or {}))
-    return config.gagpo(model_path=str(model_path), **gagpo)
+    return configure(config, model_path=str(model_path), **gagpo)
 
 
 def _env_name(config: GAGPOConfig) -> str:
@@ -354,11 +354,9 @@ def evaluation_config(config: GAGPOConfig, settings: EvalSettings) -> GAGPOConfi
     if settings.max_steps is not None:
         env_config["max_steps"] = settings.max_steps
     config.environment(env_config=env_config)
-    config.gagpo(eval_temperature=float(settings.temperature), kl_coeff=0.0)
-    if config.estimator == "ppo":
-        # The PPO critic only trains: evaluation builds the plain policy module; restoring it from a checkpoint
-        # ignores the critic's weights.
-        config.gagpo(estimator="gagpo")
+    config.llm(eval_temperature=float(settings.temperature)).training(kl_coeff=0.0)
+    # The PPO critic only trains: evaluation builds the plain policy (a checkpoint's critic weights are ignored).
+    config.build_critic = False
     if settings.max_steps is not None:
         config.gagpo(max_steps=settings.max_steps)
     if settings.num_env_runners is not None:
@@ -366,7 +364,7 @@ def evaluation_config(config: GAGPOConfig, settings: EvalSettings) -> GAGPOConfi
     batch = settings.batch_size or 16
     if settings.num_tasks is not None:
         batch = min(batch, settings.num_tasks * settings.episodes_per_task)
-    config.gagpo(envs_per_runner=batch)
+    config.env_runners(envs_per_runner=batch)
     config.debugging(seed=settings.seed)
     config.callbacks_on_algorithm_init = None
     # Periodic validation belongs to training; here the main runners already play the evaluation split.

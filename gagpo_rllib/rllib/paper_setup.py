@@ -15,7 +15,7 @@ import math
 import os
 from typing import Any
 
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib.rllib.config import GAGPOConfig
 from gagpo_rllib.rllib.evaluation import EvalSettings, with_validation
 
 __all__ = ["count_from_env", "gpu_plan", "paper_config", "scale_out_from_env", "sharding_from_env"]
@@ -49,7 +49,7 @@ def scale_out_from_env() -> tuple[int, int]:
 
 def sharding_from_env() -> str:
     """``GAGPO_LEARNER_SHARDING`` (unset: "ddp"): how the paper-setup learners hold the model, "ddp" or "fsdp"."""
-    from gagpo_rllib.rllib.algorithm import SHARDINGS
+    from gagpo_rllib.rllib.config import SHARDINGS
 
     value = os.environ.get("GAGPO_LEARNER_SHARDING", "ddp")
     if value not in SHARDINGS:
@@ -117,28 +117,30 @@ def paper_config(
         .environment(env, env_config=dict(env_config))
         .env_runners(num_env_runners=num_env_runners, num_gpus_per_env_runner=per_runner)
         .learners(num_learners=num_learners, num_gpus_per_learner=per_learner)
-        .gagpo(
+        .llm(
             model_path=model_path,
-            estimator="gagpo",
-            group_size=8,
-            groups_per_iteration=16,
-            max_steps=max_steps,
             history_length=2,
-            gamma=0.95,
-            lam=0.95,
-            kl_coeff=0.01,
-            entropy_coeff=0.001,
             temperature=1.0,
             eval_temperature=0.4,
             max_new_tokens=512,
             max_prompt_tokens=max_prompt_tokens,
             constrained_decoding=False,
+            dtype="bfloat16" if on_gpu else "float32",
+        )
+        .gagpo(
+            estimator="gagpo",
+            group_size=8,
+            groups_per_iteration=16,
+            max_steps=max_steps,
+            gamma=0.95,
+            lam=0.95,
+        )
+        .training(lr=1e-6, num_epochs=1, minibatch_size=64, grad_clip=1.0, kl_coeff=0.01, entropy_coeff=0.001)
+        .env_runners(
             backend="vllm" if on_gpu else "hf",
             backend_kwargs=_engine(TRAIN_ENGINE_MEMORY) if on_gpu else {},
-            dtype="bfloat16" if on_gpu else "float32",
-            learner_sharding=sharding,
         )
-        .training(lr=1e-6, num_epochs=1, minibatch_size=64, grad_clip=1.0)
+        .learners(learner_sharding=sharding)
         .debugging(seed=seed)
     )
     return with_validation(

@@ -62,8 +62,7 @@ class HistoryKey:
     """(env key, the last ``length`` actions the env received) for the step whose info is ``info``."""
 
     def __init__(self, length: int):
-        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-            raise ValueError(f"GAGPOConfig.state_key_history must be an int >= 0, got {length!r}")
+        # GAGPOConfig.validate() checks the length (state_key_history or history_length).
         self.length = length
 
     def __call__(self, info: Mapping[str, Any], episode: Any = None) -> tuple:

@@ -197,7 +197,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
         help="warm start: fine-tune a causal LM on demonstrations, write a model folder to start GAGPO from",
         description="Fine-tune MODEL on demonstrations replayed through the env (ALFWorld: the games' walkthroughs; "
         "WebShop: scripted purchases of each goal's target product), with the prompts, history and (constrained) "
-        "softmax of training, and write OUT_DIR, a model folder for GAGPOConfig.gagpo(model_path=...). Prints a "
+        "softmax of training, and write OUT_DIR, a model folder for GAGPOConfig.llm(model_path=...). Prints a "
         "progress line with the held-out loss per epoch.",
     )
     p.add_argument("model", help="base model folder or hub id")
@@ -263,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from gagpo_rllib.rllib.config import configure
     from gagpo_rllib.rllib.evaluation import (
         EvalSettings,
         config_for_model,
@@ -298,7 +299,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         config = config_from_checkpoint(checkpoint)
         if env is not None:
             config.environment(env, env_config=dict(args.env_config or {}))
-        config.gagpo(**decoding)
+        configure(config, **decoding)
     else:
         decoding.setdefault("constrained_decoding", bool(base.constrained_decoding) if base else False)
         config = config_for_model(args.source, env, base=base, env_config=args.env_config, **decoding)
@@ -326,7 +327,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def run_sft(args: argparse.Namespace) -> int:
-    from gagpo_rllib.rllib.algorithm import GAGPOConfig
+    from gagpo_rllib.rllib.config import GAGPOConfig
     from gagpo_rllib.rllib.evaluation import resolve_env
     from gagpo_rllib.tools.demonstrations import demonstrations_for
     from gagpo_rllib.tools.sft import SFTSettings, finetune
@@ -344,7 +345,8 @@ def run_sft(args: argparse.Namespace) -> int:
     if args.data_dir is not None:
         env_config["data_dir"] = args.data_dir
     constrained = bool(config.constrained_decoding) if args.constrained is None else args.constrained
-    first, later = config.prompt_templates(constrained=constrained)
+    # The prompts RL builds with this config (templates, history, budget, system prompt), unless overridden.
+    prompt = config.prompt_settings(constrained=constrained)
     if args.torch_threads is not None:
         import torch
 
@@ -355,15 +357,15 @@ def run_sft(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         heldout_fraction=args.heldout,
         seed=args.seed,
-        history_length=config.history_length if args.history_length is None else args.history_length,
-        max_prompt_tokens=config.max_prompt_tokens
+        history_length=prompt["history_length"] if args.history_length is None else args.history_length,
+        max_prompt_tokens=prompt["max_prompt_tokens"]
         if args.max_prompt_tokens is None
         else args.max_prompt_tokens,
         constrained=constrained,
         temperature=config.temperature if args.temperature is None else args.temperature,
         dtype=args.dtype,
         think=args.think,
-        system_prompt=config.system_prompt if args.system_prompt is None else args.system_prompt,
+        system_prompt=prompt["system_prompt"] if args.system_prompt is None else args.system_prompt,
         max_train_steps=args.max_train_steps,
     )
     demos = demonstrations_for(env, env_config, num_tasks=args.num_tasks, seed=args.seed)
@@ -376,12 +378,12 @@ def run_sft(args: argparse.Namespace) -> int:
         args.model,
         demos,
         args.out_dir,
-        first_template=first,
-        template=later,
+        first_template=prompt["first_template"],
+        template=prompt["template"],
         settings=settings,
         progress=lambda line: print(line, flush=True),
     )
-    print(f"wrote {result.out_dir}: start GAGPO from it with .gagpo(model_path={result.out_dir!r})")
+    print(f"wrote {result.out_dir}: start GAGPO from it with .llm(model_path={result.out_dir!r})")
     return 0
 
 

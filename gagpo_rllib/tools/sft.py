@@ -8,7 +8,7 @@ of the step's admissible actions); in free mode the answer format a chat model m
 end token, unconstrained: the format warm start that makes a small or base model's answers parseable. The
 loss is the mean negative log-prob per action token. Demonstrations are split into training and held-out episodes
 from an explicit seed; each epoch prints one progress line with the held-out loss, and the result is a model
-folder that ``GAGPOConfig.gagpo(model_path=...)`` starts from.
+folder that ``GAGPOConfig.llm(model_path=...)`` starts from.
 """
 
 from __future__ import annotations

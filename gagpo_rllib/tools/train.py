@@ -6,11 +6,12 @@ checkpoints; this module adds the RLlib-CLI semantics on top and keeps the termi
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import os
 import runpy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -431,3 +432,36 @@ def train(
         if result.checkpoint is not None:
             print(f"checkpoint: {result.checkpoint.path}", flush=True)
     return results
+
+
+def example_main(
+    doc: str,
+    *,
+    paper_config: Callable[..., AlgorithmConfig],
+    cpu_config: Callable[..., AlgorithmConfig],
+    cpu_iterations: int,
+    name: str,
+    paper_iterations: int = 150,
+) -> None:
+    """``python tuned_examples/<file>.py``: the paper's set-up with ``--model`` (default ``$GAGPO_MODEL``), the
+    CPU default without, trained for ``--iterations`` with checkpoints every ``--checkpoint-freq``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("GAGPO_MODEL"),
+        help="model folder (default $GAGPO_MODEL; none: CPU default)",
+    )
+    parser.add_argument("--gpus", type=int, default=None, help="GPUs to use (default $GAGPO_GPUS or 0)")
+    parser.add_argument("--iterations", type=int, default=None, help="iteration budget")
+    parser.add_argument("--storage", default="results", help="folder for results and checkpoints")
+    parser.add_argument("--checkpoint-freq", type=int, default=10, help="checkpoint every N iterations")
+    args = parser.parse_args()
+    config = paper_config(args.model, num_gpus=args.gpus) if args.model else cpu_config()
+    iterations = args.iterations or (paper_iterations if args.model else cpu_iterations)
+    train(
+        config,
+        stop={"training_iteration": iterations},
+        storage_path=args.storage,
+        name=name,
+        checkpoint_freq=args.checkpoint_freq,
+    )

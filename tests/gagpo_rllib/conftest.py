@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from envs.maze import MazeEnv
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib import GAGPOConfig
+from gagpo_rllib.rllib.config import configure
 
 
 @pytest.fixture(scope="session")
 def tiny_maze_config(tiny_policy_path: Path) -> Callable[..., GAGPOConfig]:
-    """A factory of small GAGPO configs on the maze (2 x 2 rollouts, local runner); keywords override .gagpo()."""
+    """A factory of small GAGPO configs on the maze (2 x 2 rollouts, local runner); each keyword goes to its
+    setter (``configure``)."""
 
     def make(**gagpo) -> GAGPOConfig:
         fields = dict(
@@ -24,13 +26,13 @@ def tiny_maze_config(tiny_policy_path: Path) -> Callable[..., GAGPOConfig]:
             max_new_tokens=8,
             max_steps=6,
         )
-        return (
+        config = (
             GAGPOConfig()
             .environment(MazeEnv, env_config={"split": "train", "num_tasks": 4})
             .env_runners(num_env_runners=0)
-            .gagpo(**{**fields, **gagpo})
             .training(lr=5e-3, minibatch_size=512)
             .debugging(seed=0)
         )
+        return configure(config, **{**fields, **gagpo})
 
     return make

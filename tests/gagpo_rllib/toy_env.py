@@ -81,8 +81,9 @@ class CorridorEnv(gym.Env):
 
 
 def make_config(model_path, *, num_env_runners: int = 0, **gagpo: Any):
-    """A GAGPOConfig on CorridorEnv with the tiny policy; ``gagpo`` overrides the method's fields."""
-    from gagpo_rllib.rllib.algorithm import GAGPOConfig
+    """A GAGPOConfig on CorridorEnv with the tiny policy; each keyword of ``gagpo`` goes to its setter."""
+    from gagpo_rllib import GAGPOConfig
+    from gagpo_rllib.rllib.config import configure
 
     fields = dict(
         model_path=str(model_path),
@@ -94,11 +95,11 @@ def make_config(model_path, *, num_env_runners: int = 0, **gagpo: Any):
         first_prompt_template=FIRST_PROMPT_TEMPLATE,
     )
     fields.update(gagpo)
-    return (
+    config = (
         GAGPOConfig()
         .environment(CorridorEnv, env_config={"max_steps": 4})
         .env_runners(num_env_runners=num_env_runners)
-        .gagpo(**fields)
         .training(lr=1e-3, minibatch_size=4, num_epochs=2)
         .debugging(seed=3)
     )
+    return configure(config, **fields)

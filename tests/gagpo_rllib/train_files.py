@@ -22,22 +22,23 @@ def tiny_maze_train_file(
     tail: str = "",
 ) -> str:
     """The file's text: ``head`` (imports, env classes, callbacks) after the usual imports, then ``config``;
-    ``gagpo`` adds keyword arguments to ``.gagpo(...)``, ``config_tail`` calls after ``.debugging``, ``tail``
-    lines after the config (``stop``, more callbacks)."""
+    ``gagpo`` adds keyword arguments of any setter (``configure`` routes each), ``config_tail`` calls after the
+    config's setters, ``tail`` lines after the config (``stop``, more callbacks)."""
     return f"""
 from envs.maze import MazeEnv
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib import GAGPOConfig
+from gagpo_rllib.rllib.config import configure
 {head}
 
-config = (
+config = configure(
     GAGPOConfig()
     .environment({env}, env_config={{"split": "train", "num_tasks": 4}})
     .env_runners(num_env_runners=0)
-    .gagpo(model_path={str(model)!r}, group_size=2, groups_per_iteration=2, constrained_decoding=True,
-           max_new_tokens=8, max_steps=6{gagpo})
     .training(lr=5e-4, minibatch_size=512)
-    .debugging(seed=0){config_tail}
-)
+    .debugging(seed=0),
+    model_path={str(model)!r}, group_size=2, groups_per_iteration=2, constrained_decoding=True,
+    max_new_tokens=8, max_steps=6{gagpo}
+){config_tail}
 {tail}"""
 
 

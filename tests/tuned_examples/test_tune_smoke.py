@@ -11,7 +11,7 @@ import pytest
 import ray
 from ray import tune
 
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.rllib.evaluation import config_from_checkpoint
 from gagpo_rllib.tools.train import load_train_file
 
@@ -48,6 +48,9 @@ def test_cpu_default_of_each_example(offline_env, cache: Path, name: str, env: s
     spec = load_train_file(EXAMPLES / f"gagpo_{name}.py")
     config = spec.config
     assert isinstance(config, GAGPOConfig) and config.env.__name__ == env
+    # Reading the file builds nothing: the tiny policy is built (cached) when training starts.
+    assert not (cache / name).exists()
+    config.run_setup_start()
     assert config.model_path == str(cache / name) and (cache / name / "config.json").is_file()
     assert config.constrained_decoding and config.backend == "hf" and config.dtype == "float32"
     assert config.max_steps == max_steps
@@ -106,7 +109,7 @@ def test_paper_setup_with_a_model(
 
 def test_resources_fit_the_machine(offline_env, tiny_policy_path: Path) -> None:
     sweep = sweep_module()
-    base = GAGPOConfig().gagpo(model_path=str(tiny_policy_path)).env_runners(num_env_runners=2)
+    base = GAGPOConfig().llm(model_path=str(tiny_policy_path)).env_runners(num_env_runners=2)
     config, concurrent = sweep.fit_to_machine(base, num_cpus=2)
     assert (config.num_env_runners, concurrent) == (0, 1)  # would otherwise wait forever for a third CPU
     config, concurrent = sweep.fit_to_machine(base, num_cpus=9)
@@ -141,12 +144,11 @@ def test_smoke_sweep_reports_the_best_trial(offline_env, tmp_path: Path, capsys)
 
 def test_alfworld_cpu_default_trains_on_games_the_warm_start_did_not_see(offline_env) -> None:
     """One held-out game of each task type, drawn from a fixed seed; none of them in the warm start's set."""
-    import runpy
-
     from envs.alfworld import TASK_TYPES
     from envs.alfworld.games import BUNDLED_DATA, find_games
+    from gagpo_rllib.tools import alfworld_warm_start
 
-    example = runpy.run_path(str(EXAMPLES / "gagpo_alfworld.py"), run_name="split_check")
+    example = vars(alfworld_warm_start)
     warm, held_out = example["split_games"]()
     games = find_games(BUNDLED_DATA, "train").games
     assert not set(warm) & set(held_out) and sorted(warm + held_out) == list(range(len(games)))

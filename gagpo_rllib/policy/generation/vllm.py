@@ -68,7 +68,7 @@ these figures):
   both engines that is ~106 GB (~91 GB with ``kl_coeff=0``): 7B needs a 141 GB GPU or the learner and the engines
   on separate GPUs. Sleeping the engines during the update (``enable_sleep_mode=True``; ``sleep(level=1)`` moves
   their weights to host memory and frees the KV cache; ``update_weights`` wakes an engine first;
-  ``GAGPOConfig.gagpo(sleep_engines_during_update=True)`` does it every iteration, see
+  ``GAGPOConfig.env_runners(sleep_engines_during_update=True)`` does it every iteration, see
   ``gagpo_rllib.rllib.engine_sleep``) frees room for the update's gradients and activations only.
 """
 

@@ -12,10 +12,10 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from benchmarks.bench_advantages import make_text_batch
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.method.advantages import compute_advantages, grouping_diagnostics
 from gagpo_rllib.method.similarity import anchor_keys
 from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
 from gagpo_rllib.rllib.connectors.grouped_advantages import GroupedAdvantages
 from gagpo_rllib.rllib.connectors.module_to_env import INVALID
 
@@ -83,7 +83,7 @@ def test_groups_never_mix_and_bad_thresholds_name_the_field() -> None:
     assert anchor_keys([0, 1], [A, B], 0.5) == [A, B]
     for bad in (0.0, 1.5, "0.9", True, -1):
         with pytest.raises(ValueError, match="similarity_threshold"):
-            GAGPOConfig().gagpo(model_path="m", similarity_threshold=bad).validate_gagpo()
+            GAGPOConfig().llm(model_path="m").gagpo(similarity_threshold=bad).validate_gagpo()
 
 
 def _episode(group: int, states: list[str], rewards: list[float]) -> SingleAgentEpisode:

@@ -12,11 +12,11 @@ import ray
 import torch
 
 from envs.spaces import TextSpace
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.method.advantages import critic_gae
 from gagpo_rllib.policy.critic import CriticRLModule, last_token_hidden
 from gagpo_rllib.policy.logprobs import left_pad
 from gagpo_rllib.policy.rl_module import LLMRLModule
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
 from gagpo_rllib.rllib.connectors.critic_advantages import CriticAdvantages
 from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows
 from gagpo_rllib.rllib.critic_learner import (
@@ -277,7 +277,13 @@ def test_evaluate_and_export_ignore_the_critic(ppo_run, tmp_path: Path) -> None:
 
 
 def test_ppo_config_picks_the_critic_module_learner_and_connector() -> None:
-    config = GAGPOConfig().gagpo(model_path="m", estimator="ppo", critic_share_trunk=True).debugging(seed=5)
+    config = (
+        GAGPOConfig()
+        .llm(model_path="m")
+        .gagpo(estimator="ppo")
+        .training(critic_share_trunk=True)
+        .debugging(seed=5)
+    )
     spec = config.get_default_rl_module_spec()
     assert spec.module_class is CriticRLModule
     assert spec.model_config["critic"] == {"share_trunk": True, "seed": 5}
@@ -288,6 +294,6 @@ def test_ppo_config_picks_the_critic_module_learner_and_connector() -> None:
     assert plain.get_default_rl_module_spec().module_class is LLMRLModule
     assert "critic" not in plain.module_model_config()
     # The critic-free estimators keep the plain module and learner.
-    other = GAGPOConfig().gagpo(model_path="m", estimator="gigpo")
+    other = GAGPOConfig().llm(model_path="m").gagpo(estimator="gigpo")
     assert other.get_default_rl_module_spec().module_class is LLMRLModule
     assert not isinstance(other.grouped_advantages(), CriticAdvantages)

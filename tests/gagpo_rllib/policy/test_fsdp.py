@@ -63,9 +63,8 @@ def algo(tiny_policy_path: Path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = (
         make_config(tiny_policy_path, group_size=K, groups_per_iteration=N, learner_sharding="fsdp")
-        .gagpo(train_chunk_tokens=64)
         .learners(num_learners=2)
-        .training(minibatch_size=None, num_epochs=1)
+        .training(minibatch_size=None, num_epochs=1, train_chunk_tokens=64)
     )
     algo = config.build_algo()
     yield algo
@@ -107,8 +106,8 @@ def test_an_update_equals_one_learners_and_reaches_the_env_runner(algo: GAGPO, e
     local_cfg = (
         cfg.copy(copy_frozen=False)
         .learners(num_learners=0)
-        .gagpo(learner_sharding="ddp", train_chunk_tokens=1 << 20)
-        .training(learner_class=GAGPOTorchLearner)
+        .learners(learner_sharding="ddp")
+        .training(learner_class=GAGPOTorchLearner, train_chunk_tokens=1 << 20)
     )
     local_cfg.validate()
     local = local_cfg.build_learner(env=CorridorEnv())

@@ -11,11 +11,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from envs.spaces import TextSpace
+from gagpo_rllib import GAGPO, GAGPOConfig
 from gagpo_rllib.policy.logprobs import action_logprobs, cache_keyword
 from gagpo_rllib.policy.lora import merged_state
 from gagpo_rllib.policy.models import load_policy
 from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, ADMISSIBLE, GEN_SEED, PROMPTS, LLMRLModule
-from gagpo_rllib.rllib.algorithm import GAGPO, GAGPOConfig
+from gagpo_rllib.rllib.config import configure
 from gagpo_rllib.tools.export import export_checkpoint
 from tests.gagpo_rllib.policy.test_rl_module import ADM, _prompts, _train_batch
 
@@ -182,7 +183,7 @@ def test_a_bfloat16_lora_learner_keeps_a_bf16_base_and_fp32_adapters(tiny_policy
     ],
 )
 def test_bad_lora_settings_are_refused_by_name(tiny_policy_path: Path, fields: dict, message: str) -> None:
-    config = GAGPOConfig().gagpo(model_path=str(tiny_policy_path), **fields)
+    config = configure(GAGPOConfig(), model_path=str(tiny_policy_path), **fields)
     with pytest.raises(ValueError, match=message):
         config.validate_gagpo()
 
@@ -195,9 +196,7 @@ def test_unknown_target_modules_are_refused_when_the_module_loads_the_model(tiny
 
 
 def test_lora_settings_reach_the_module(tiny_policy_path: Path) -> None:
-    config = GAGPOConfig().gagpo(
-        model_path=str(tiny_policy_path), lora_rank=8, lora_target_modules=["q_proj"]
-    )
+    config = GAGPOConfig().llm(model_path=str(tiny_policy_path), lora_rank=8, lora_target_modules=["q_proj"])
     config.validate_gagpo()
     assert config.module_model_config()["lora"] == {
         "rank": 8,
@@ -206,8 +205,8 @@ def test_lora_settings_reach_the_module(tiny_policy_path: Path) -> None:
         "target_modules": ["q_proj"],
         "sync": "merged",  # the HF backend always gets the merged policy
     }
-    assert config.gagpo(backend="vllm").module_model_config()["lora"]["sync"] == "adapter"
-    assert config.gagpo(lora_sync="merged").module_model_config()["lora"]["sync"] == "merged"
+    assert config.env_runners(backend="vllm").module_model_config()["lora"]["sync"] == "adapter"
+    assert config.llm(lora_sync="merged").module_model_config()["lora"]["sync"] == "merged"
     assert GAGPOConfig().module_model_config()["lora"] is None
 
 

@@ -85,23 +85,16 @@ def test_two_free_form_steps_are_dumped(env_name: str, smollm2: Path, tmp_path: 
 
 def test_one_gagpo_iteration_starts_at_ratio_one(smollm2: Path) -> None:
     from envs.maze import MazeEnv
-    from gagpo_rllib.rllib.algorithm import GAGPOConfig
+    from gagpo_rllib import GAGPOConfig
 
     config = (
         GAGPOConfig()
         .environment(MazeEnv, env_config={"split": "train", "num_tasks": 2})
         .env_runners(num_env_runners=0)
-        .gagpo(
-            model_path=str(smollm2),
-            group_size=2,
-            groups_per_iteration=1,
-            max_steps=2,
-            max_new_tokens=16,
-            constrained_decoding=False,
-            train_chunk_tokens=2048,
-            torch_threads=1,
-        )
-        .training(lr=1e-6)
+        .llm(model_path=str(smollm2), max_new_tokens=16, constrained_decoding=False)
+        .gagpo(group_size=2, groups_per_iteration=1, max_steps=2)
+        .env_runners(torch_threads=1)
+        .training(lr=1e-6, train_chunk_tokens=2048)
         .debugging(seed=0)
     )
     algo = config.build_algo()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from gagpo_rllib import GAGPO, GAGPOConfig
 from gagpo_rllib.policy.rl_module import LLMRLModule
-from gagpo_rllib.rllib.algorithm import GAGPO, GAGPOConfig
+from gagpo_rllib.rllib.config import configure
 from gagpo_rllib.rllib.learner import GAGPOTorchLearner
 
 
 def _valid() -> GAGPOConfig:
-    return GAGPOConfig().gagpo(
+    return GAGPOConfig().llm(
         model_path="/some/model", prompt_template="{task}", first_prompt_template="{task}"
     )
 
@@ -57,7 +58,7 @@ def _valid() -> GAGPOConfig:
     ],
 )
 def test_bad_values_name_the_field(field: str, value) -> None:
-    config = _valid().gagpo(**{field: value})
+    config = configure(_valid(), **{field: value})
     with pytest.raises(ValueError, match=rf"GAGPOConfig\.{field}\b"):
         config.validate_gagpo()
 
@@ -68,7 +69,7 @@ def test_gigpo_needs_a_centring_norm() -> None:
 
 
 def test_missing_model_path_fails_validate() -> None:
-    config = GAGPOConfig().gagpo(prompt_template="{task}", first_prompt_template="{task}")
+    config = GAGPOConfig().llm(prompt_template="{task}", first_prompt_template="{task}")
     with pytest.raises(ValueError, match="GAGPOConfig.model_path"):
         config.validate()
 
@@ -91,23 +92,102 @@ def test_validate_sizes_the_runners_for_one_iteration() -> None:
     config.validate()
     assert config.num_envs_per_env_runner == 6
     assert config.env_config["max_steps"] == 7
-    config = _valid().gagpo(envs_per_runner=2)
+    config = _valid().env_runners(envs_per_runner=2)
     config.validate()
     assert config.num_envs_per_env_runner == 2
 
 
 def test_reference_copy_only_when_the_kl_term_is_on() -> None:
     assert _valid().module_model_config()["reference"] is True
-    assert _valid().gagpo(kl_coeff=0.0).module_model_config()["reference"] is False
+    assert _valid().training(kl_coeff=0.0).module_model_config()["reference"] is False
 
 
 def test_old_logprobs_are_recomputed_exactly_when_rollout_numerics_differ():
-    from gagpo_rllib.rllib.algorithm import GAGPOConfig
+    from gagpo_rllib import GAGPOConfig
 
-    config = GAGPOConfig().gagpo(model_path="m")
+    config = GAGPOConfig().llm(model_path="m")
     assert not config.uses_recomputed_old_logprobs
-    assert config.copy().gagpo(dtype="bfloat16").uses_recomputed_old_logprobs
-    assert config.copy().gagpo(backend="vllm").uses_recomputed_old_logprobs
-    assert config.copy().gagpo(recompute_old_logprobs=True).uses_recomputed_old_logprobs
-    assert config.copy().gagpo(recompute_old_logprobs=True).grouped_advantages().recompute_old_logprobs
-    assert not config.copy().gagpo(backend="vllm", recompute_old_logprobs=False).uses_recomputed_old_logprobs
+    assert config.copy().llm(dtype="bfloat16").uses_recomputed_old_logprobs
+    assert config.copy().env_runners(backend="vllm").uses_recomputed_old_logprobs
+    assert config.copy().training(recompute_old_logprobs=True).uses_recomputed_old_logprobs
+    assert config.copy().training(recompute_old_logprobs=True).grouped_advantages().recompute_old_logprobs
+    assert (
+        not config.copy()
+        .training(recompute_old_logprobs=False)
+        .env_runners(backend="vllm")
+        .uses_recomputed_old_logprobs
+    )
+
+
+def test_each_setter_takes_its_own_fields() -> None:
+    config = (
+        GAGPOConfig()
+        .llm(model_path="m", max_prompt_tokens=300, temperature=0.9)
+        .gagpo(group_size=3, gamma=0.9)
+        .training(lr=1e-4, clip_eps=0.3, train_chunk_tokens=128)
+        .env_runners(num_env_runners=1, backend="hf", envs_per_runner=2)
+        .learners(num_learners=0, learner_sharding="fsdp")
+    )
+    assert (config.model_path, config.max_prompt_tokens, config.temperature) == ("m", 300, 0.9)
+    assert (config.group_size, config.gamma, config.lr, config.clip_eps) == (3, 0.9, 1e-4, 0.3)
+    assert (config.num_env_runners, config.envs_per_runner, config.learner_sharding) == (1, 2, "fsdp")
+    with pytest.raises(TypeError, match="model_path"):
+        GAGPOConfig().gagpo(model_path="m")  # the model is .llm()'s
+    with pytest.raises(TypeError, match="clip_eps"):
+        GAGPOConfig().llm(clip_eps=0.2)
+
+
+def test_configure_routes_each_keyword_to_its_setter() -> None:
+    from gagpo_rllib.rllib.config import setter_of
+
+    assert [
+        setter_of(f) for f in ("gamma", "model_path", "kl_coeff", "lr", "backend", "num_learners", "seed")
+    ] == [
+        "gagpo",
+        "llm",
+        "training",
+        "training",
+        "env_runners",
+        "learners",
+        "debugging",
+    ]
+    config = configure(
+        GAGPOConfig(), model_path="m", lam=0.5, lr=3e-4, torch_threads=2, learner_sharding="ddp"
+    )
+    assert (config.model_path, config.lam, config.lr, config.torch_threads) == ("m", 0.5, 3e-4, 2)
+    with pytest.raises(TypeError, match="no setter taking 'colour'"):
+        configure(GAGPOConfig(), colour="red")
+
+
+def test_the_estimator_picks_module_learner_and_connector_in_one_place() -> None:
+    from gagpo_rllib.policy.critic import CriticRLModule
+    from gagpo_rllib.rllib.connectors.critic_advantages import CriticAdvantages
+    from gagpo_rllib.rllib.critic_learner import GAGPOCriticTorchLearner
+
+    ppo = _valid().gagpo(estimator="ppo")
+    assert ppo.get_default_rl_module_spec().module_class is CriticRLModule
+    assert ppo.get_default_learner_class() is GAGPOCriticTorchLearner
+    assert isinstance(ppo.grouped_advantages(), CriticAdvantages) and "critic" in ppo.module_model_config()
+    ppo.build_critic = False  # evaluation: the policy alone
+    assert ppo.get_default_rl_module_spec().module_class is LLMRLModule
+    assert ppo.get_default_learner_class() is GAGPOTorchLearner and "critic" not in ppo.module_model_config()
+
+
+def test_setup_start_steps_run_only_when_the_algorithm_sets_up() -> None:
+    calls = []
+    config = _valid().callbacks(on_setup_start=lambda config: calls.append(config.model_path))
+    config.copy().validate()
+    assert calls == []
+    config.run_setup_start()
+    assert calls == ["/some/model"]
+
+
+def test_the_package_exports_the_config_lazily() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gagpo_rllib, gagpo_rllib.method.advantages; assert 'ray' not in sys.modules; "
+        "from gagpo_rllib import GAGPO, GAGPOConfig; assert GAGPOConfig().algo_class is GAGPO"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

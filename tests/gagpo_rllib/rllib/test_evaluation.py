@@ -13,8 +13,8 @@ import pytest
 import ray
 
 from envs.maze import MazeEnv
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.policy.models import load_policy
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
 from gagpo_rllib.rllib.evaluation import (
     MODULE_PATH,
     EpisodeRecord,

@@ -14,6 +14,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from gagpo_rllib.policy.logprobs import checkpointing
 from gagpo_rllib.rllib.algorithm import task_plan
+from gagpo_rllib.rllib.config import configure
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
 from gagpo_rllib.rllib.rllib_internals import ROW_WEIGHT
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
@@ -79,7 +80,7 @@ def setup(request, tiny_policy_path: Path):
 
 
 def _learner(config, **gagpo):
-    cfg = config.copy(copy_frozen=False).gagpo(**gagpo)
+    cfg = configure(config.copy(copy_frozen=False), **gagpo)
     cfg.validate()
     return cfg.build_learner(env=CorridorEnv())
 

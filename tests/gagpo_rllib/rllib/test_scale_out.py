@@ -141,8 +141,7 @@ def test_learners_get_whole_groups_and_one_learner_advantages_and_gradient(
     local_cfg = (
         cfg.copy(copy_frozen=False)
         .learners(num_learners=0)
-        .gagpo(train_chunk_tokens=1 << 20)
-        .training(learner_class=GAGPOTorchLearner)
+        .training(learner_class=GAGPOTorchLearner, train_chunk_tokens=1 << 20)
     )
     local_cfg.validate()
     local = local_cfg.build_learner(env=CorridorEnv())

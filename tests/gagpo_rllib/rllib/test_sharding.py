@@ -9,8 +9,9 @@ import pytest
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from envs.maze import MazeEnv
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib.rllib.config import configure
 from gagpo_rllib.rllib.connectors.module_to_env import INVALID
 from gagpo_rllib.rllib.sharding import (
     GroupShardedTrainingData,
@@ -103,7 +104,8 @@ def _config(**learners) -> GAGPOConfig:
     return (
         GAGPOConfig()
         .environment(MazeEnv, env_config={"split": "train"})
-        .gagpo(model_path="/models/any", groups_per_iteration=2)
+        .llm(model_path="/models/any")
+        .gagpo(groups_per_iteration=2)
         .learners(**learners)
     )
 
@@ -138,11 +140,8 @@ def two_gpu_cluster():
 
 
 def _gpu_config(**gagpo) -> GAGPOConfig:
-    return (
-        GAGPOConfig()
-        .environment(MazeEnv, env_config={"split": "train"})
-        .gagpo(model_path="/models/any", groups_per_iteration=4, **gagpo)
-    )
+    config = GAGPOConfig().environment(MazeEnv, env_config={"split": "train"})
+    return configure(config, model_path="/models/any", groups_per_iteration=4, **gagpo)
 
 
 def test_placement_checks_name_the_problem_before_anything_starts(two_gpu_cluster) -> None:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.method.advantages import compute_advantages
 from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
 from gagpo_rllib.rllib.connectors.env_to_module import ENV_ACTION
 from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows
 from gagpo_rllib.rllib.connectors.module_to_env import INVALID
@@ -119,7 +119,7 @@ def test_bad_state_key_raises_naming_the_field(spec, message) -> None:
     with pytest.raises(ValueError, match=message) as err:
         resolve_state_key(spec)
     assert "GAGPOConfig.state_key" in str(err.value)
-    config = GAGPOConfig().gagpo(model_path="some/model", state_key=spec)
+    config = GAGPOConfig().llm(model_path="some/model").gagpo(state_key=spec)
     with pytest.raises(ValueError, match="GAGPOConfig.state_key"):
         config.validate_gagpo()
 
@@ -129,7 +129,7 @@ def test_non_hashable_key_raises_naming_the_field_when_computed() -> None:
     with pytest.raises(ValueError, match=r"GAGPOConfig.state_key .*not_hashable.* non-hashable list"):
         play(f"{__name__}:not_hashable")
     with pytest.raises(ValueError, match="state_key_history"):
-        GAGPOConfig().gagpo(model_path="m", state_key="history", state_key_history=-1).validate_gagpo()
+        GAGPOConfig().llm(model_path="m").gagpo(state_key="history", state_key_history=-1).validate_gagpo()
 
 
 def test_env_runner_stores_the_keys_and_the_learner_rows_get_them_unchanged(tiny_policy_path: Path) -> None:

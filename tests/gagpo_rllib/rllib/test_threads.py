@@ -6,7 +6,7 @@ import pytest
 import ray
 import torch
 
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.rllib.threads import set_torch_threads
 
 
@@ -22,10 +22,10 @@ def test_driver_process_gets_the_main_process_share(keep_threads) -> None:
     config = GAGPOConfig()
     assert config.num_cpus_for_main_process == 1
     assert set_torch_threads(config, "test") == 1 and torch.get_num_threads() == 1
-    config.gagpo(torch_threads=3)
+    config.env_runners(torch_threads=3)
     assert set_torch_threads(config, "test") == 3 and torch.get_num_threads() == 3
     with pytest.raises(ValueError, match="torch_threads"):
-        GAGPOConfig().gagpo(torch_threads=0).validate_gagpo()
+        GAGPOConfig().env_runners(torch_threads=0).validate_gagpo()
 
 
 def test_remote_runner_and_local_learner_set_their_threads(tiny_maze_config, keep_threads) -> None:

@@ -16,7 +16,7 @@ import pytest
 import ray
 import torch
 
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.rllib.evaluation import EvalSettings, with_validation
 from tests.fakes.vllm_path import FAKES, fake_vllm_on_path
 

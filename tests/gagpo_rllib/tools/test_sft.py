@@ -11,12 +11,12 @@ import torch
 from envs.alfworld.games import BUNDLED_DATA, find_games
 from envs.alfworld.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
 from envs.alfworld.tasks import TASK_TYPES
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.policy.actions import parse_action
 from gagpo_rllib.policy.generation.constraints import action_token_ids, allowed_token_masks
 from gagpo_rllib.policy.logprobs import action_logprobs
 from gagpo_rllib.policy.models import build_tiny_policy, load_policy
 from gagpo_rllib.policy.prompting import PromptBuilder
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
 from gagpo_rllib.tools.cli import main
 from gagpo_rllib.tools.demonstrations import (
     DemoSet,
@@ -158,7 +158,7 @@ def test_sft_command_writes_a_model_folder_whose_heldout_loss_falls(
     base, _ = load_policy(policy)
     assert len(tok) == len(load_policy(policy)[1])
     assert not torch.equal(model.model.embed_tokens.weight, base.model.embed_tokens.weight)
-    GAGPOConfig().gagpo(model_path=str(out)).validate_gagpo()
+    GAGPOConfig().llm(model_path=str(out)).validate_gagpo()
 
 
 def test_cached_warm_start_is_reused_until_its_key_changes(demos: DemoSet, policy, tmp_path) -> None:

@@ -67,7 +67,7 @@ def test_bad_patience_is_refused() -> None:
 def test_a_train_file_may_set_its_plateau_patience(tmp_path) -> None:
     from gagpo_rllib.tools.train import load_train_file
 
-    head = "from gagpo_rllib.rllib.algorithm import GAGPOConfig\nconfig = GAGPOConfig()\n"
+    head = "from gagpo_rllib import GAGPOConfig\nconfig = GAGPOConfig()\n"
     (tmp_path / "a.py").write_text(head + "PLATEAU_PATIENCE = 12\n")
     (tmp_path / "b.py").write_text(head)
     (tmp_path / "c.py").write_text(head + "PLATEAU_PATIENCE = 0\n")

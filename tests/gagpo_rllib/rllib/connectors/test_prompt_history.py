@@ -16,9 +16,9 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from transformers import AutoTokenizer
 
 from envs.spaces import TextSpace
+from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.policy.prompting import invalid_marker
 from gagpo_rllib.policy.rl_module import PROMPTS, object_array
-from gagpo_rllib.rllib.algorithm import GAGPOConfig
 from gagpo_rllib.rllib.connectors.env_to_module import PromptConnector
 from gagpo_rllib.rllib.connectors.module_to_env import ActionParserConnector
 
