@@ -629,7 +629,7 @@ class GAGPOConfig(AlgorithmConfig):
         )
         need(self.learner_sharding in SHARDINGS, "learner_sharding", f"one of {SHARDINGS}")
         need(
-            not (self.learner_sharding == "fsdp" and self.estimator == "ppo" and self.critic_share_trunk),
+            not (self.learner_sharding == "fsdp" and self.components.critic and self.critic_share_trunk),
             "critic_share_trunk",
             "False with learner_sharding 'fsdp' (the shared trunk's value head would read the policy's trunk"
             " outside its FSDP unit; the separate critic, the default, is sharded like the policy)",
