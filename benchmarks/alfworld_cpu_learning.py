@@ -34,7 +34,7 @@ EXAMPLE = ROOT / "tuned_examples" / "gagpo_alfworld.py"
 
 
 def load_example() -> dict:
-    """The tuned example's functions (its module-level warm start switched off; ``cpu_config`` does it)."""
+    """The tuned example's functions (its module-level config without the warm start; ``cpu_config`` sets it up)."""
     previous = os.environ.get("GAGPO_ALFWORLD_WARM_START")
     os.environ["GAGPO_ALFWORLD_WARM_START"] = "0"
     try:

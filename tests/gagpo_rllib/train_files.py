@@ -30,15 +30,17 @@ from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.rllib.config import configure
 {head}
 
-config = configure(
-    GAGPOConfig()
-    .environment({env}, env_config={{"split": "train", "num_tasks": 4}})
-    .env_runners(num_env_runners=0)
-    .training(lr=5e-4, minibatch_size=512)
-    .debugging(seed=0),
-    model_path={str(model)!r}, group_size=2, groups_per_iteration=2, constrained_decoding=True,
-    max_new_tokens=8, max_steps=6{gagpo}
-){config_tail}
+config = (
+    configure(
+        GAGPOConfig()
+        .environment({env}, env_config={{"split": "train", "num_tasks": 4}})
+        .env_runners(num_env_runners=0)
+        .training(lr=5e-4, minibatch_size=512)
+        .debugging(seed=0),
+        model_path={str(model)!r}, group_size=2, groups_per_iteration=2, constrained_decoding=True,
+        max_new_tokens=8, max_steps=6{gagpo}
+    ){config_tail}
+)
 {tail}"""
 
 
