@@ -24,6 +24,7 @@ from envs.maze import MazeEnv
 from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.policy.models import build_tiny_policy
 from gagpo_rllib.rllib.algorithm import task_plan
+from gagpo_rllib.rllib.connectors.grouped_advantages import stamp_training_groups
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
 from gagpo_rllib.rllib.sharding import GroupShardedTrainingData
 
@@ -66,9 +67,8 @@ def steps_per_second(
     group = cfg.build_learner_group(env=MazeEnv(dict(ENV_CONFIG)))
 
     def update() -> None:
-        data = GroupShardedTrainingData(
-            episodes=episodes, invalid_penalty=cfg.invalid_penalty, skip_uniform_groups=False
-        )
+        stamp_training_groups(episodes, invalid_penalty=cfg.invalid_penalty, skip_uniform_groups=False)
+        data = GroupShardedTrainingData(episodes=episodes)
         group.update(training_data=data, num_epochs=1, minibatch_size=cfg.minibatch_size)
 
     update()  # warm-up: first forward/backward, optimizer state

@@ -177,11 +177,11 @@ def run_one(
                         result["learners"].get("gagpo", {}).get("num_state_groups", np.nan)
                     ),
                     "value_loss": float(lp.get("value_loss", np.nan)),
-                    "episodes_sampled": float(sampled + g["episodes_sampled"]),
+                    "episodes_sampled": float(sampled + g["num_episodes"]),
                     "uniform_group_share": float(g.get("uniform_group_share", np.nan)),
                 }
             )
-            sampled += int(g["episodes_sampled"])
+            sampled += int(g["num_episodes"])
             print(
                 f"[{task} {estimator} seed {seed}] iter {it:3d} success {g['success_rate']:.2f}", flush=True
             )

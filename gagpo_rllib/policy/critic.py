@@ -25,14 +25,15 @@ import torch
 from ray.rllib.core.rl_module.apis.inference_only_api import InferenceOnlyAPI
 from torch import Tensor, nn
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.logprobs import last_mlp_only_on_last_column, left_pad, padded_positions
 from gagpo_rllib.policy.rl_module import LLMRLModule, unpad_token_batch
 from gagpo_rllib.policy.unique_rows import back_in_order, length_chunks, unique_rows
 
 __all__ = ["VALUES", "CriticRLModule", "ValueHead", "last_token_hidden"]
 
-# Key of the train forward's output holding V(s_t) per step.
-VALUES = "values"
+# Key of the train forward's output holding V(s_t) per step (gagpo_rllib.columns; kept for importers).
+VALUES = Columns.VALUES
 
 
 def last_token_hidden(trunk: nn.Module, prompt_ids: list[list[int]], *, pad_token_id: int) -> Tensor:
@@ -163,8 +164,8 @@ class CriticRLModule(LLMRLModule, InferenceOnlyAPI):
     def _train_outputs(self, batch: dict[str, Any]) -> dict[str, Any]:
         out = super()._train_outputs(batch)
         prompts, _, _ = unpad_token_batch({k: batch[k] for k in _TOKEN_KEYS}, self.vocab_size)
-        out[VALUES] = self.state_values(prompts)
+        out[Columns.VALUES] = self.state_values(prompts)
         return out
 
 
-_TOKEN_KEYS = ("prompt_ids", "prompt_len", "action_ids", "action_len")
+_TOKEN_KEYS = (Columns.PROMPT_IDS, Columns.PROMPT_LEN, Columns.ACTION_IDS, Columns.ACTION_LEN)

@@ -30,11 +30,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from ray.rllib.core.columns import Columns
+from ray.rllib.core.columns import Columns as RLlibColumns
 from ray.rllib.core.rl_module.apis.inference_only_api import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.numpy import convert_to_numpy
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.distributed import agree_max
 from gagpo_rllib.policy.generation.base import GenerationBackend, SamplingConfig
 from gagpo_rllib.policy.logprobs import action_logprobs, checkpointing, shared_prompt_logprobs
@@ -53,15 +54,14 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["LLMRLModule", "PROMPTS", "ADMISSIBLE", "GEN_SEED", "object_array"]
 
-# Keys of the env-to-module batch the module reads.
-PROMPTS = "prompts"
-ADMISSIBLE = "admissible"
-GEN_SEED = "gen_seed"
-
-# Keys of the exploration output (stored per step in the episode's extra model outputs).
-PROMPT_IDS = "prompt_ids"
-ACTION_IDS = "action_ids"
-ACTION_LOGP = "action_logp"
+# Keys of the env-to-module batch the module reads, and of the exploration output (stored per step in the
+# episode's extra model outputs); the names live in gagpo_rllib.columns, these are kept for importers.
+PROMPTS = Columns.PROMPTS
+ADMISSIBLE = Columns.ADMISSIBLE
+GEN_SEED = Columns.GEN_SEED
+PROMPT_IDS = Columns.PROMPT_IDS
+ACTION_IDS = Columns.ACTION_IDS
+ACTION_LOGP = Columns.ACTION_LOGP
 
 # The policy's parameters in this module's state: "model." + the Hugging Face name.
 _POLICY_PREFIX = "model."
@@ -250,8 +250,8 @@ class LLMRLModule(TorchRLModule):
 
     # ------------------------------------------------------------------------------------------------ forwards
     def _generate(self, batch: dict[str, Any], sampling: SamplingConfig) -> dict[str, Any]:
-        prompts = [str(p) for p in batch[PROMPTS]]
-        admissible = batch.get(ADMISSIBLE)
+        prompts = [str(p) for p in batch[Columns.PROMPTS]]
+        admissible = batch.get(Columns.ADMISSIBLE)
         if sampling.constrained and admissible is None:
             raise ValueError("constrained decoding needs the batch's 'admissible' action lists")
         start = time.perf_counter()
@@ -259,14 +259,14 @@ class LLMRLModule(TorchRLModule):
             prompts,
             sampling=sampling,
             admissible=[list(a) for a in admissible] if sampling.constrained else None,
-            seed=batch.get(GEN_SEED),
+            seed=batch.get(Columns.GEN_SEED),
         )
         self.generation_time_s += time.perf_counter() - start
         return {
-            Columns.ACTIONS: object_array(o.text for o in outs),
-            PROMPT_IDS: object_array(list(o.prompt_ids) for o in outs),
-            ACTION_IDS: object_array(list(o.action_ids) for o in outs),
-            ACTION_LOGP: object_array(list(o.logprobs) for o in outs),
+            RLlibColumns.ACTIONS: object_array(o.text for o in outs),
+            Columns.PROMPT_IDS: object_array(list(o.prompt_ids) for o in outs),
+            Columns.ACTION_IDS: object_array(list(o.action_ids) for o in outs),
+            Columns.ACTION_LOGP: object_array(list(o.logprobs) for o in outs),
         }
 
     def _forward_exploration(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
@@ -288,10 +288,11 @@ class LLMRLModule(TorchRLModule):
         """The learner's chunks of a minibatch: batch row indices per length-sorted chunk of distinct prompts of
         at most ``train_chunk_tokens`` padded tokens (all rows of a prompt in one chunk, so repeats and shared
         prompts are still forwarded once). ``forward_train`` of one chunk's rows runs one forward."""
-        prompt_ids = _numpy(batch["prompt_ids"])
+        prompt_ids = _numpy(batch[Columns.PROMPT_IDS])
         width = prompt_ids.shape[1]
         prompts = [
-            tuple(prompt_ids[i, width - n :].tolist()) for i, n in enumerate(_numpy(batch["prompt_len"]))
+            tuple(prompt_ids[i, width - n :].tolist())
+            for i, n in enumerate(_numpy(batch[Columns.PROMPT_LEN]))
         ]
         shared = unique_rows(prompts)
         rows_of: list[list[int]] = [[] for _ in shared.index]
@@ -315,11 +316,11 @@ class LLMRLModule(TorchRLModule):
         rows seen in an earlier update come from ``reference_cache``.
         """
         keys = row_keys(
-            _numpy(batch["prompt_ids"]),
-            _numpy(batch["prompt_len"]).tolist(),
-            _numpy(batch["action_ids"]),
-            _numpy(batch["action_len"]).tolist(),
-            _numpy(batch["allowed_ids"]) if "allowed_ids" in batch else None,
+            _numpy(batch[Columns.PROMPT_IDS]),
+            _numpy(batch[Columns.PROMPT_LEN]).tolist(),
+            _numpy(batch[Columns.ACTION_IDS]),
+            _numpy(batch[Columns.ACTION_LEN]).tolist(),
+            _numpy(batch[Columns.ALLOWED_IDS]) if Columns.ALLOWED_IDS in batch else None,
         )
         uniq = unique_rows(keys)
         prompts, actions, masks = unpad_token_batch(batch, self.vocab_size, rows=uniq.index)
@@ -327,21 +328,21 @@ class LLMRLModule(TorchRLModule):
         logp, mask, entropy = self._chunked_logprobs(self.model, prompts, actions, masks, width, True)
         inverse = uniq.inverse.to(logp.device)
         out = {
-            "logp": logp[inverse],
-            "mask": mask[inverse],
-            "entropy": entropy[inverse],
-            "unique_row_share": torch.tensor(uniq.share),
+            Columns.LOGP: logp[inverse],
+            Columns.MASK: mask[inverse],
+            Columns.ENTROPY: entropy[inverse],
+            Columns.UNIQUE_ROW_SHARE: torch.tensor(uniq.share),
         }
         if self.reference_is_base:
             ref_logp, hit_share = self._reference_logprobs(uniq.keys, prompts, actions, masks, width)
-            out["ref_logp"] = ref_logp[inverse]
-            out["reference_cache_hit_share"] = torch.tensor(hit_share)
+            out[Columns.REF_LOGP] = ref_logp[inverse]
+            out[Columns.REFERENCE_CACHE_HIT_SHARE] = torch.tensor(hit_share)
         elif self._reference is not None:
             if next(self._reference.parameters()).device != logp.device:
                 self._reference.to(logp.device)
             ref_logp, hit_share = self._reference_logprobs(uniq.keys, prompts, actions, masks, width)
-            out["ref_logp"] = ref_logp[inverse]
-            out["reference_cache_hit_share"] = torch.tensor(hit_share)
+            out[Columns.REF_LOGP] = ref_logp[inverse]
+            out[Columns.REFERENCE_CACHE_HIT_SHARE] = torch.tensor(hit_share)
         return out
 
     def _reference_logprobs(
@@ -579,11 +580,11 @@ def unpad_token_batch(
     ``action_ids`` [B, A] right-padded with ``action_len``; optional ``allowed_ids`` [B, A, K] holding, per action
     position, the allowed token ids padded with -1. ``rows`` selects (and orders) the rows returned; None: all.
     """
-    prompt_ids = torch.as_tensor(batch["prompt_ids"])
-    prompt_len = torch.as_tensor(batch["prompt_len"])
-    action_ids = torch.as_tensor(batch["action_ids"])
-    action_len = torch.as_tensor(batch["action_len"])
-    allowed = torch.as_tensor(batch["allowed_ids"]) if "allowed_ids" in batch else None
+    prompt_ids = torch.as_tensor(batch[Columns.PROMPT_IDS])
+    prompt_len = torch.as_tensor(batch[Columns.PROMPT_LEN])
+    action_ids = torch.as_tensor(batch[Columns.ACTION_IDS])
+    action_len = torch.as_tensor(batch[Columns.ACTION_LEN])
+    allowed = torch.as_tensor(batch[Columns.ALLOWED_IDS]) if Columns.ALLOWED_IDS in batch else None
     if rows is not None:
         pick = torch.as_tensor(rows, dtype=torch.long)
         prompt_ids, prompt_len, action_ids, action_len = (

@@ -25,10 +25,13 @@ from ray.rllib.utils.metrics import (
     TIMERS,
 )
 
-from gagpo_rllib.policy.rl_module import ACTION_IDS
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.config import GAGPOConfig
-from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows, uniform_groups
-from gagpo_rllib.rllib.connectors.module_to_env import INVALID
+from gagpo_rllib.rllib.connectors.grouped_advantages import (
+    episode_rows,
+    stamp_training_groups,
+    uniform_groups,
+)
 from gagpo_rllib.rllib.dynamic_sampling import (
     EXTRA_GROUP_ID_BASE,
     DynamicSample,
@@ -67,10 +70,11 @@ def reward_signal_shares(episodes: list) -> dict[str, float]:
     by_group: dict[Any, dict[str, bool]] = {}
     for ep in episodes:
         g = by_group.setdefault(
-            ep.custom_data.get("group_id"), {"rewarded": False, "any_invalid": False, "all_invalid": True}
+            ep.custom_data.get(Columns.GROUP_ID),
+            {"rewarded": False, "any_invalid": False, "all_invalid": True},
         )
         rewards = [float(r) for r in ep.get_rewards()]
-        invalid = [bool(x) for x in ep.get_extra_model_outputs(INVALID)] if len(ep) else []
+        invalid = [bool(x) for x in ep.get_extra_model_outputs(Columns.INVALID)] if len(ep) else []
         won = bool(ep.get_infos(-1).get("won", False))
         g["rewarded"] |= won or any(r != 0.0 for r in rewards)
         g["any_invalid"] |= any(invalid)
@@ -242,20 +246,23 @@ class GAGPO(Algorithm):
             sample = self.sample_whole_groups(plan, iteration)
             dynamic = self.sample_dynamic(sample, iteration) if cfg.dynamic_sampling else None
         sample_s = time.perf_counter() - t0
+        # Rollout metrics are over everything played; with dynamic sampling the update sees the informative
+        # groups only.
+        episodes = dynamic.batch if dynamic is not None else sample.episodes
         if dynamic is not None:
-            # Rollout metrics over everything played; the update sees the informative groups only.
-            sample, episodes = dynamic.sample, dynamic.batch
+            sample = dynamic.sample
+        # Which groups train, decided here once and stamped on the episodes (sharding and the learner connector
+        # read the stamp).
+        decision = stamp_training_groups(
+            episodes, invalid_penalty=cfg.invalid_penalty, skip_uniform_groups=cfg.skip_uniform_groups
+        )
+        if dynamic is not None:
             for name, value in dynamic.metrics().items():
                 self.metrics.log_value(("gagpo", name), value, window=1)
-        else:
-            episodes = sample.episodes
-            if episodes:  # the same share dynamic sampling reports: groups without signal
-                uniform = uniform_groups(episode_rows(episodes, cfg.invalid_penalty))
-                n_groups = len({ep.custom_data["group_id"] for ep in episodes})
-                self.metrics.log_value(("gagpo", "uniform_group_share"), len(uniform) / n_groups, window=1)
+        elif episodes:  # the same share dynamic sampling reports: groups without signal
+            self.metrics.log_value(("gagpo", "uniform_group_share"), decision.uniform_share, window=1)
         self.metrics.aggregate(sample.runner_metrics, key=ENV_RUNNER_RESULTS)
         self.log_rollout_metrics(sample.episodes, sample.stats, sample_s)
-        self.metrics.log_value(("gagpo", "episodes_sampled"), float(len(sample.episodes)), window=1)
         for name, value in sample.metrics().items():
             self.metrics.log_value(("gagpo", name), value, window=1)
 
@@ -265,9 +272,8 @@ class GAGPO(Algorithm):
             if dynamic is not None and sample.episodes:
                 why = "no informative group within dynamic_sampling_max_extra_groups"
             logger.warning("GAGPO: iteration %d: %s; update skipped", iteration, why)
-        elif cfg.skip_uniform_groups:
-            rows = episode_rows(episodes, cfg.invalid_penalty)
-            trainable = len(uniform_groups(rows)) < len(set(rows.group_id.tolist()))
+        else:
+            trainable = decision.any_trained
         t0 = time.perf_counter()
         if trainable:
             # Only with sleep_engines_during_update: the engines free the GPU for the update, then wake.
@@ -275,11 +281,7 @@ class GAGPO(Algorithm):
                 with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
                     learner_results = self.learner_group.update(
                         # Whole groups per learner, one shared number of optimizer steps (gagpo_rllib.rllib.sharding).
-                        training_data=GroupShardedTrainingData(
-                            episodes=episodes,
-                            invalid_penalty=cfg.invalid_penalty,
-                            skip_uniform_groups=cfg.skip_uniform_groups,
-                        ),
+                        training_data=GroupShardedTrainingData(episodes=episodes),
                         timesteps={
                             NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
                                 (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
@@ -360,8 +362,8 @@ class GAGPO(Algorithm):
                 scores.append(float(final["task_score"]))
             returns.append(float(ep.get_return()))
             lengths.append(len(ep))
-            invalid.extend(bool(x) for x in ep.get_extra_model_outputs(INVALID))
-            tokens += sum(len(ids) for ids in ep.get_extra_model_outputs(ACTION_IDS))
+            invalid.extend(bool(x) for x in ep.get_extra_model_outputs(Columns.INVALID))
+            tokens += sum(len(ids) for ids in ep.get_extra_model_outputs(Columns.ACTION_IDS))
         gen_s = sum(s.generation_s for s in stats)
         values = {
             "success_rate": float(np.mean(wins)) if wins else 0.0,
@@ -369,7 +371,6 @@ class GAGPO(Algorithm):
             "episode_len_mean": float(np.mean(lengths)) if lengths else 0.0,
             "invalid_action_share": float(np.mean(invalid)) if invalid else 0.0,
             "num_episodes": float(len(episodes)),
-            "num_groups": float(len({ep.custom_data["group_id"] for ep in episodes})),
             "time_generation_s": gen_s,
             "time_env_s": sum(s.env_s for s in stats),
             "time_connectors_s": sum(s.connector_s for s in stats),

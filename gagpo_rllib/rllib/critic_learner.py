@@ -17,11 +17,9 @@ import torch
 from ray.rllib.utils.typing import ModuleID
 from torch import Tensor
 
-from gagpo_rllib.policy.critic import VALUES
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.distributed import StepStats
-from gagpo_rllib.rllib.connectors.critic_advantages import OLD_VALUES, VALUE_TARGETS
 from gagpo_rllib.rllib.learner import GAGPOTorchLearner
-from gagpo_rllib.rllib.rllib_internals import ROW_WEIGHT
 
 __all__ = ["CRITIC_OPTIMIZER", "GAGPOCriticTorchLearner", "clipped_value_loss", "explained_variance"]
 
@@ -107,11 +105,11 @@ class GAGPOCriticTorchLearner(GAGPOTorchLearner):
         policy_loss = super().compute_loss_for_module(
             module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
         )
-        values = fwd_out[VALUES]
-        targets = batch[VALUE_TARGETS].to(values.device)
-        old_values = batch[OLD_VALUES].to(values.device)
+        values = fwd_out[Columns.VALUES]
+        targets = batch[Columns.VALUE_TARGETS].to(values.device)
+        old_values = batch[Columns.OLD_VALUES].to(values.device)
         # Weighted like the policy loss (row_weight), so that the chunks and learners add up to the step's mean.
-        weights = torch.as_tensor(batch[ROW_WEIGHT], dtype=torch.float32).to(values.device)
+        weights = torch.as_tensor(batch[Columns.ROW_WEIGHT], dtype=torch.float32).to(values.device)
         value_loss, stats = clipped_value_loss(
             values, old_values, targets, clip=config.vf_clip, weights=weights
         )
@@ -131,13 +129,15 @@ class GAGPOCriticTorchLearner(GAGPOTorchLearner):
                     "vf_clip_fraction": float(stats["vf_clip_fraction"]),
                 },
             )
-            step.samples.setdefault(VALUES, []).append(v.cpu())
-            step.samples.setdefault(VALUE_TARGETS, []).append(t.detach().cpu())
+            step.samples.setdefault(Columns.VALUES, []).append(v.cpu())
+            step.samples.setdefault(Columns.VALUE_TARGETS, []).append(t.detach().cpu())
         return policy_loss + config.vf_coeff * value_loss
 
     def log_step_stats(self, module_id: str, stats: StepStats) -> None:
         super().log_step_stats(module_id, stats)
-        if VALUES in stats.samples:
-            ev = explained_variance(torch.cat(stats.samples[VALUES]), torch.cat(stats.samples[VALUE_TARGETS]))
+        if Columns.VALUES in stats.samples:
+            ev = explained_variance(
+                torch.cat(stats.samples[Columns.VALUES]), torch.cat(stats.samples[Columns.VALUE_TARGETS])
+            )
             if ev == ev:  # NaN: constant targets in this minibatch, nothing to explain
                 self.metrics.log_value((module_id, "vf_explained_var"), ev, reduce="mean")

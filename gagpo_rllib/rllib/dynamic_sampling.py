@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.env_runner import PlannedEpisode, derive_seed
 from gagpo_rllib.rllib.group_sampling import GroupSample
 
@@ -117,7 +118,7 @@ class DynamicSample:
 def _group_order(episodes: list) -> list[int]:
     seen: dict[int, None] = {}
     for ep in episodes:
-        seen.setdefault(int(ep.custom_data["group_id"]), None)
+        seen.setdefault(int(ep.custom_data[Columns.GROUP_ID]), None)
     return list(seen)
 
 
@@ -154,7 +155,7 @@ def fill_informative_groups(
         uniform |= new_uniform
         informative += [g for g in new_order if g not in new_uniform]
     keep = set(informative[:target_groups])
-    batch = [ep for ep in sample.episodes if int(ep.custom_data["group_id"]) in keep]
+    batch = [ep for ep in sample.episodes if int(ep.custom_data[Columns.GROUP_ID]) in keep]
     return DynamicSample(
         sample=sample,
         batch=batch,

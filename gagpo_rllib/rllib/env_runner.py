@@ -26,18 +26,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from ray.rllib.core.columns import Columns
+from ray.rllib.core.columns import Columns as RLlibColumns
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from gagpo_rllib.policy.rl_module import ACTION_IDS, GEN_SEED
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.threads import set_torch_threads
 
 __all__ = ["EnvError", "GAGPOEnvRunner", "PlannedEpisode", "RolloutStats", "derive_seed", "episode_env_error"]
 
 logger = logging.getLogger(__name__)
-
-ENV_ERROR = "env_error"
 
 
 @dataclass(frozen=True)
@@ -201,11 +199,13 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
                     action_space=self.env.single_action_space,
                 )
                 episode.custom_data.update(
-                    group_id=item.group_id,
-                    task_id=item.task_id,
-                    member=item.member,
-                    attempt=item.attempt,
-                    worker_index=self.worker_index,
+                    {
+                        Columns.GROUP_ID: item.group_id,
+                        Columns.TASK_ID: item.task_id,
+                        Columns.MEMBER: item.member,
+                        Columns.ATTEMPT: item.attempt,
+                        Columns.WORKER_INDEX: self.worker_index,
+                    }
                 )
                 t0 = time.perf_counter()
                 try:
@@ -235,13 +235,15 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
             stats.connector_s += time.perf_counter() - t0
             bases = [row_seed_base(items[i]) for i in live]
             if all(b is not None for b in bases):
-                to_module[GEN_SEED] = [derive_seed(b, len(ep)) for b, ep in zip(bases, episodes, strict=True)]
+                to_module[Columns.GEN_SEED] = [
+                    derive_seed(b, len(ep)) for b, ep in zip(bases, episodes, strict=True)
+                ]
             forward = self.module.forward_exploration if explore else self.module.forward_inference
             gen_before = self.module.generation_time_s
             out = forward(to_module)
             stats.generation_s += self.module.generation_time_s - gen_before
             stats.generate_calls += 1
-            stats.generated_tokens += sum(len(ids) for ids in out[ACTION_IDS])
+            stats.generated_tokens += sum(len(ids) for ids in out[Columns.ACTION_IDS])
             t0 = time.perf_counter()
             to_env = self._module_to_env(
                 rl_module=self.module,
@@ -252,8 +254,8 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
                 metrics=self.metrics,
             )
             stats.connector_s += time.perf_counter() - t0
-            actions = to_env.pop(Columns.ACTIONS)
-            env_actions = to_env.pop(Columns.ACTIONS_FOR_ENV, actions)
+            actions = to_env.pop(RLlibColumns.ACTIONS)
+            env_actions = to_env.pop(RLlibColumns.ACTIONS_FOR_ENV, actions)
             for j, i in enumerate(live):
                 t0 = time.perf_counter()
                 try:
@@ -261,8 +263,8 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
                 except Exception as err:  # noqa: BLE001 - any env failure ends the episode, not the run
                     text = env_error(items[i], "step", len(episodes[j]), err)
                     obs, reward, terminated, truncated = episodes[j].get_observations(-1), 0.0, False, True
-                    info = {ENV_ERROR: text, "task_id": items[i].task_id}
-                    episodes[j].custom_data[ENV_ERROR] = text
+                    info = {Columns.ENV_ERROR: text, Columns.TASK_ID: items[i].task_id}
+                    episodes[j].custom_data[Columns.ENV_ERROR] = text
                 finally:
                     stats.env_s += time.perf_counter() - t0
                 episodes[j].add_env_step(
@@ -286,7 +288,7 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
 
 def episode_env_error(episode: SingleAgentEpisode) -> str | None:
     """The env error that ended ``episode``, or None for an episode the env played to its end."""
-    return episode.custom_data.get(ENV_ERROR)
+    return episode.custom_data.get(Columns.ENV_ERROR)
 
 
 def derive_seed(*parts: int) -> int:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats, derive_seed, episode_env_error
 
 __all__ = [
@@ -282,7 +283,7 @@ def sample_whole_groups(
                 where = f"step {e.step}" if e.stage == "step" else "reset"
                 first_env_error = f"task {e.task_id}, {where}: {e.error}"
             for episode in result.episodes:
-                key = (episode.custom_data["group_id"], episode.custom_data["member"])
+                key = (episode.custom_data[Columns.GROUP_ID], episode.custom_data[Columns.MEMBER])
                 if key in missing and episode.is_done and episode_env_error(episode) is None:
                     done[key] = episode
                     del missing[key]

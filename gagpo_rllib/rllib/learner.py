@@ -33,9 +33,10 @@ from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.utils.metrics import LEARNER_RESULTS
 from ray.rllib.utils.typing import ModuleID
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.loss import gagpo_policy_loss
 from gagpo_rllib.policy.distributed import StepStats, agree_max, reduce_step_stats, world
-from gagpo_rllib.rllib.rllib_internals import ROW_WEIGHT, ChunkedTorchLearner
+from gagpo_rllib.rllib.rllib_internals import ChunkedTorchLearner
 from gagpo_rllib.rllib.threads import set_torch_threads
 
 __all__ = ["GAGPOTorchLearner", "NONFINITE_SKIPPED", "report_skipped_updates"]
@@ -95,21 +96,21 @@ class GAGPOTorchLearner(ChunkedTorchLearner):
         self, *, module_id: ModuleID, config: Any, batch: dict[str, Any], fwd_out: dict[str, torch.Tensor]
     ) -> torch.Tensor:
         """The loss of one chunk of a step: its rows' terms times their ``row_weight``."""
-        logp, mask = fwd_out["logp"], fwd_out["mask"]
+        logp, mask = fwd_out[Columns.LOGP], fwd_out[Columns.MASK]
         width = logp.shape[1]
-        old_logp = batch["old_logp"][:, :width].to(logp.dtype)
-        weights = torch.as_tensor(batch[ROW_WEIGHT], dtype=torch.float32).to(logp.device)
+        old_logp = batch[Columns.OLD_LOGP][:, :width].to(logp.dtype)
+        weights = torch.as_tensor(batch[Columns.ROW_WEIGHT], dtype=torch.float32).to(logp.device)
         # None when the module keeps no reference copy (kl_coeff 0); the loss raises if the KL term needs it.
-        ref_logp = fwd_out.get("ref_logp")
+        ref_logp = fwd_out.get(Columns.REF_LOGP)
         loss, stats = gagpo_policy_loss(
             logp,
             old_logp,
             ref_logp,
-            batch["advantages"].to(logp.dtype),
+            batch[Columns.ADVANTAGES].to(logp.dtype),
             mask,
             clip_eps=config.clip_eps,
             kl_coeff=config.kl_coeff,
-            entropy=fwd_out.get("entropy"),
+            entropy=fwd_out.get(Columns.ENTROPY),
             entropy_coeff=config.entropy_coeff,
             weights=weights,
         )
@@ -120,7 +121,7 @@ class GAGPOTorchLearner(ChunkedTorchLearner):
         }
         means["action_tokens_mean"] = float(mask.sum(-1).float().mean()) if len(mask) else 0.0
         # How much of the forward the learner saved: distinct rows per row, reference rows taken from the cache.
-        for name in ("unique_row_share", "reference_cache_hit_share"):
+        for name in (Columns.UNIQUE_ROW_SHARE, Columns.REFERENCE_CACHE_HIT_SHARE):
             if name in fwd_out:
                 means[name] = float(fwd_out[name])
         highs = {"ratio_max": float(stats["ratio_max"])}

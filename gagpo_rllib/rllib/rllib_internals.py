@@ -34,6 +34,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.numpy import convert_to_numpy
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.distributed import StepStats, agree_sum, world
 from gagpo_rllib.rllib.sharding import epoch_minibatches, minibatches_per_epoch
 
@@ -41,7 +42,7 @@ __all__ = ["ROW_WEIGHT", "ChunkedTorchLearner"]
 
 # Per-row loss weight column: 1 for trained rows, 0 for stand-ins; scaled to N / (rows of the step over all
 # learners) before the loss, so that the learners' summed (DDP: averaged x N) gradients are the step's mean.
-ROW_WEIGHT = "row_weight"
+ROW_WEIGHT = Columns.ROW_WEIGHT  # gagpo_rllib.columns; kept for importers
 
 
 def _take(column: Any, idx: np.ndarray) -> Any:
@@ -60,10 +61,10 @@ def _placeholder_row(module_batch: SampleBatch, pad_token_id: int) -> dict[str, 
             row[key] = torch.zeros((1, *(max(1, s) for s in column.shape[1:])), dtype=column.dtype)
         elif isinstance(column, np.ndarray):
             row[key] = np.zeros((1, *(max(1, s) for s in column.shape[1:])), dtype=column.dtype)
-    for key in ("prompt_ids", "action_ids", "allowed_ids"):
+    for key in (Columns.PROMPT_IDS, Columns.ACTION_IDS, Columns.ALLOWED_IDS):
         if key in row:
             row[key] = torch.full_like(torch.as_tensor(row[key]), pad_token_id)
-    for key in ("prompt_len", "action_len"):
+    for key in (Columns.PROMPT_LEN, Columns.ACTION_LEN):
         if key in row:
             row[key] = torch.ones_like(torch.as_tensor(row[key]))
     return row
@@ -201,14 +202,18 @@ class ChunkedTorchLearner(TorchLearner):
                         pad = self._inner(module_id).pad_token_id
                         placeholder = _placeholder_row(module_batch, pad)
                     rows = SampleBatch(dict(placeholder))
-                rows[ROW_WEIGHT] = torch.full((len(rows),), float(len(idx) > 0))
+                rows[Columns.ROW_WEIGHT] = torch.full((len(rows),), float(len(idx) > 0))
                 done += 1
                 yield MultiAgentBatch({module_id: rows}, env_steps=len(idx))
             epoch += 1
 
     def _log_steps_trained_metrics(self, batch: MultiAgentBatch) -> None:
         # A stand-in step trains no rows.
-        if any(bool((b[ROW_WEIGHT] > 0).any()) for b in batch.policy_batches.values() if ROW_WEIGHT in b):
+        if any(
+            bool((b[Columns.ROW_WEIGHT] > 0).any())
+            for b in batch.policy_batches.values()
+            if Columns.ROW_WEIGHT in b
+        ):
             super()._log_steps_trained_metrics(batch)
 
     # ------------------------------------------------------------------------------------------ one step
@@ -220,10 +225,10 @@ class ChunkedTorchLearner(TorchLearner):
         inner = module.unwrapped()
         config = self.config.get_config_for_module(module_id)
 
-        weights = torch.as_tensor(module_batch[ROW_WEIGHT], dtype=torch.float32)
+        weights = torch.as_tensor(module_batch[Columns.ROW_WEIGHT], dtype=torch.float32)
         global_rows = agree_sum(float((weights > 0).sum()), self._device)
         scale = world()[0] / global_rows if global_rows > 0 else 0.0
-        module_batch[ROW_WEIGHT] = weights * scale
+        module_batch[Columns.ROW_WEIGHT] = weights * scale
 
         chunks = inner.train_chunks(module_batch)
         chunks += [None] * (inner.forward_rounds(len(chunks)) - len(chunks))  # FSDP: as many on every learner
@@ -235,7 +240,7 @@ class ChunkedTorchLearner(TorchLearner):
         for i, idx in enumerate(chunks):
             if idx is None:  # a stand-in chunk: row 0 with weight 0
                 sub = {k: _take(v, np.zeros(1, dtype=np.int64)) for k, v in module_batch.items()}
-                sub[ROW_WEIGHT] = torch.zeros(1)
+                sub[Columns.ROW_WEIGHT] = torch.zeros(1)
             else:
                 sub = {k: _take(v, idx) for k, v in module_batch.items()}
             with self._gradient_sync(module, i == len(chunks) - 1):

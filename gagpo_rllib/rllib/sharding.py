@@ -2,7 +2,8 @@
 
 RLlib's own episode split (``ShardEpisodesIterator``) cuts episodes and ignores groups, but a group's advantages
 need all K of its episodes on one learner. ``GroupShardedTrainingData.shard`` bins whole groups, largest first
-onto the least-loaded learner, where the load is the number of *trainable* steps (after ``skip_uniform_groups``).
+onto the least-loaded learner, where the load is the number of *trainable* steps: those of the groups stamped to
+train (``grouped_advantages.stamp_training_groups``, called once per iteration by the driver).
 
 Under DDP every optimizer step all-reduces the gradients, so every learner must take the same number of steps
 whatever its shard size: each shard gets the same ``num_total_minibatches`` = ``num_epochs`` x ``ceil(largest
@@ -27,7 +28,8 @@ from typing import Any
 import numpy as np
 from ray.rllib.core.learner.training_data import TrainingData
 
-from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows, uniform_groups
+from gagpo_rllib.columns import Columns
+from gagpo_rllib.rllib.connectors.grouped_advantages import trains
 
 __all__ = [
     "GroupShardedTrainingData",
@@ -42,14 +44,15 @@ __all__ = [
 ]
 
 
-def group_step_counts(
-    episodes: Sequence, *, invalid_penalty: float, skip_uniform_groups: bool
-) -> dict[int, tuple[int, int]]:
-    """group id -> (trainable steps, all steps); a uniform group has 0 trainable steps when skipped."""
-    rows = episode_rows(episodes, invalid_penalty)
-    skipped = uniform_groups(rows) if skip_uniform_groups else set()
-    gids, counts = np.unique(rows.group_id, return_counts=True)
-    return {int(g): (0 if int(g) in skipped else int(c), int(c)) for g, c in zip(gids, counts, strict=True)}
+def group_step_counts(episodes: Sequence) -> dict[int, tuple[int, int]]:
+    """group id -> (trainable steps, all steps), in ascending group id; a group stamped not to train
+    (``stamp_training_groups``) has 0 trainable steps."""
+    counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for episode in episodes:
+        count = counts[int(episode.custom_data[Columns.GROUP_ID])]
+        count[0] += len(episode) if trains(episode) else 0
+        count[1] += len(episode)
+    return {g: (counts[g][0], counts[g][1]) for g in sorted(counts)}
 
 
 def assign_groups(counts: dict[int, tuple[int, int]], num_shards: int) -> list[list[int]]:
@@ -90,22 +93,17 @@ def epoch_minibatches(
 class GroupShardedTrainingData(TrainingData):
     """Episodes for ``LearnerGroup.update(training_data=...)`` that shard by whole groups (see the module doc).
 
-    ``invalid_penalty`` and ``skip_uniform_groups`` must be the learner connector's, so that the trainable step
-    counts used for balancing are the rows the learners will train on.
+    The episodes carry the driver's decision of which groups train (``stamp_training_groups``), which the
+    learner connector reads too: the trainable step counts used for balancing are the rows the learners train on.
     """
-
-    invalid_penalty: float = 0.0
-    skip_uniform_groups: bool = False
 
     def shard(self, num_shards: int, len_lookback_buffer: int | None = None, **kwargs: Any):
         if self.episodes is None:
             return super().shard(num_shards, len_lookback_buffer=len_lookback_buffer, **kwargs)
-        counts = group_step_counts(
-            self.episodes, invalid_penalty=self.invalid_penalty, skip_uniform_groups=self.skip_uniform_groups
-        )
+        counts = group_step_counts(self.episodes)
         by_group: dict[int, list] = defaultdict(list)
         for episode in self.episodes:
-            by_group[int(episode.custom_data["group_id"])].append(episode)
+            by_group[int(episode.custom_data[Columns.GROUP_ID])].append(episode)
         shards = assign_groups(counts, num_shards)
         largest = max(sum(counts[g][0] for g in shard) for shard in shards)
         per_epoch = minibatches_per_epoch(largest, kwargs.get("minibatch_size"))

@@ -23,6 +23,8 @@ import inspect
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+from gagpo_rllib.columns import Columns
+
 __all__ = [
     "FIELD",
     "STATE_KEY_CHOICES",
@@ -48,9 +50,9 @@ def normalize_text(text: Any) -> str:
 
 def env_key(info: Mapping[str, Any], episode: Any = None) -> Hashable:
     """The env's own key (env protocol: every info carries ``state_key``)."""
-    if "state_key" not in info:
-        raise KeyError(f"env info lacks 'state_key' (env protocol); got keys {sorted(info)}")
-    return info["state_key"]
+    if Columns.STATE_KEY not in info:
+        raise KeyError(f"env info lacks '{Columns.STATE_KEY}' (env protocol); got keys {sorted(info)}")
+    return info[Columns.STATE_KEY]
 
 
 def normalized_key(info: Mapping[str, Any], episode: Any = None) -> str:
@@ -68,12 +70,12 @@ class HistoryKey:
     def __call__(self, info: Mapping[str, Any], episode: Any = None) -> tuple:
         if episode is None:
             raise ValueError(f"{FIELD} 'history' needs the episode (its past actions)")
-        from gagpo_rllib.rllib.connectors.env_to_module import ENV_ACTION
-
         steps = len(episode)
         if steps == 0 or self.length == 0:
             return (env_key(info),)
-        actions = episode.get_extra_model_outputs(ENV_ACTION, slice(max(0, steps - self.length), steps))
+        actions = episode.get_extra_model_outputs(
+            Columns.ENV_ACTION, slice(max(0, steps - self.length), steps)
+        )
         return (env_key(info), *(str(a) for a in actions))
 
 

@@ -12,14 +12,16 @@ import numpy as np
 import torch
 from ray.rllib.core.rl_module.rl_module import RLModule
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages, critic_gae
 from gagpo_rllib.rllib.connectors.env_to_module import single_module
 from gagpo_rllib.rllib.connectors.grouped_advantages import GroupedAdvantages, StepRows
 
 __all__ = ["CriticAdvantages", "OLD_VALUES", "VALUE_TARGETS"]
 
-OLD_VALUES = "old_values"
-VALUE_TARGETS = "value_targets"
+# gagpo_rllib.columns; kept for importers.
+OLD_VALUES = Columns.OLD_VALUES
+VALUE_TARGETS = Columns.VALUE_TARGETS
 
 
 class CriticAdvantages(GroupedAdvantages):
@@ -70,6 +72,6 @@ class CriticAdvantages(GroupedAdvantages):
 
     def extra_columns(self, rows: StepRows, idx: np.ndarray) -> dict[str, torch.Tensor]:
         return {
-            OLD_VALUES: torch.as_tensor(self._values[idx], dtype=torch.float32),
-            VALUE_TARGETS: torch.as_tensor(self._targets[idx], dtype=torch.float32),
+            Columns.OLD_VALUES: torch.as_tensor(self._values[idx], dtype=torch.float32),
+            Columns.VALUE_TARGETS: torch.as_tensor(self._targets[idx], dtype=torch.float32),
         }

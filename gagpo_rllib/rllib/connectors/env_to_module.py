@@ -17,8 +17,8 @@ from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.core.rl_module.rl_module import RLModule
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.prompting import PromptBuilder, invalid_marker
-from gagpo_rllib.policy.rl_module import ADMISSIBLE, PROMPTS
 
 __all__ = [
     "ENV_ACTION",
@@ -30,10 +30,11 @@ __all__ = [
     "single_module",
 ]
 
-# Per-step extra model outputs: the action string the environment received, whether the answer was invalid and why.
-ENV_ACTION = "env_action"
-INVALID = "invalid"
-INVALID_REASON = "invalid_reason"
+# Per-step extra model outputs: the action string the environment received, whether the answer was invalid and why
+# (gagpo_rllib.columns; kept for importers).
+ENV_ACTION = Columns.ENV_ACTION
+INVALID = Columns.INVALID
+INVALID_REASON = Columns.INVALID_REASON
 _REQUIRED_INFO = ("task", "admissible_actions")
 
 
@@ -104,8 +105,8 @@ class PromptConnector(ConnectorV2):
                 )
             )
             admissible.append(actions)
-        batch[PROMPTS] = prompts
-        batch[ADMISSIBLE] = admissible
+        batch[Columns.PROMPTS] = prompts
+        batch[Columns.ADMISSIBLE] = admissible
         return batch
 
 
@@ -120,12 +121,12 @@ def recent_history(episode: SingleAgentEpisode, length: int) -> list[tuple[str, 
     start = max(0, steps - length)
     window = slice(start, steps)
     observations = episode.get_observations(window)
-    actions = [str(a) for a in episode.get_extra_model_outputs(ENV_ACTION, window)]
-    if INVALID in episode.extra_model_outputs:
-        invalid = episode.get_extra_model_outputs(INVALID, window)
+    actions = [str(a) for a in episode.get_extra_model_outputs(Columns.ENV_ACTION, window)]
+    if Columns.INVALID in episode.extra_model_outputs:
+        invalid = episode.get_extra_model_outputs(Columns.INVALID, window)
         reasons = (
-            episode.get_extra_model_outputs(INVALID_REASON, window)
-            if INVALID_REASON in episode.extra_model_outputs
+            episode.get_extra_model_outputs(Columns.INVALID_REASON, window)
+            if Columns.INVALID_REASON in episode.extra_model_outputs
             else [""] * len(actions)
         )
         actions = [

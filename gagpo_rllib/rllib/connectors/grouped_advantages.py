@@ -16,7 +16,10 @@ difference between rollout and recomputed log-probs is logged as ``old_logp_roll
 
 With ``skip_uniform_groups`` the rows of every group whose episodes all got the same (shaped) return are dropped:
 such groups carry little or no signal (GRPO and RLOO give exactly zero), yet an adaptive optimiser would still
-take full-size steps on what remains of their gradient.
+take full-size steps on what remains of their gradient. Which groups train is decided once per iteration, on the
+driver, by ``stamp_training_groups`` (``GAGPO.training_step``), and stamped on every episode
+(``custom_data[Columns.TRAINS]``); the sharding (``sharding.GroupShardedTrainingData``) and this connector read the
+stamp. Episodes without a stamp (the connector used on its own) are stamped here by the same function.
 """
 
 from __future__ import annotations
@@ -33,19 +36,22 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModule
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages, grouping_diagnostics
 from gagpo_rllib.method.similarity import anchor_keys
 from gagpo_rllib.policy.generation.constraints import allowed_token_masks
 from gagpo_rllib.policy.logprobs import action_logprobs
-from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
 from gagpo_rllib.rllib.connectors.env_to_module import single_module
-from gagpo_rllib.rllib.connectors.module_to_env import INVALID
-from gagpo_rllib.rllib.connectors.state_keys import STATE_KEY
 
-__all__ = ["GROUP_ID", "GroupedAdvantages", "StepRows", "episode_rows", "uniform_groups"]
-
-GROUP_ID = "group_id"
-TASK_ID = "task_id"
+__all__ = [
+    "GroupedAdvantages",
+    "StepRows",
+    "TrainingGroups",
+    "episode_rows",
+    "stamp_training_groups",
+    "trains",
+    "uniform_groups",
+]
 
 
 @dataclass
@@ -64,6 +70,7 @@ class StepRows:
 
     def columns(self, keep: np.ndarray | None = None) -> dict[str, Any]:
         sel = np.arange(len(self.reward)) if keep is None else np.flatnonzero(keep)
+        # The advantage table's columns (gagpo_rllib.method.advantages names them itself).
         return {
             "group_id": self.group_id[sel],
             "episode_id": [self.episode_id[i] for i in sel],
@@ -74,10 +81,11 @@ class StepRows:
 
 def _group_id(episode) -> int:
     try:
-        return int(episode.custom_data[GROUP_ID])
+        return int(episode.custom_data[Columns.GROUP_ID])
     except KeyError:
         raise KeyError(
-            f"episode {episode.id_} has no custom_data['{GROUP_ID}']: sample with GAGPOEnvRunner.sample_groups"
+            f"episode {episode.id_} has no custom_data['{Columns.GROUP_ID}']: sample with"
+            " GAGPOEnvRunner.sample_groups"
         ) from None
 
 
@@ -90,28 +98,32 @@ def episode_rows(episodes: Sequence, invalid_penalty: float) -> StepRows:
         steps = len(episode)
         gid = _group_id(episode)
         rewards = np.asarray(list(episode.get_rewards()), dtype=np.float64)
-        invalid = np.asarray(list(episode.get_extra_model_outputs(INVALID)), dtype=bool)
+        invalid = np.asarray(list(episode.get_extra_model_outputs(Columns.INVALID)), dtype=bool)
         infos = list(episode.get_infos())
         # Keys the EnvRunner computed with the configured state_key choice; else the env's own key.
         stored = None
-        if STATE_KEY in episode.extra_model_outputs:
-            stored = list(episode.get_extra_model_outputs(STATE_KEY))
+        if Columns.STATE_KEY in episode.extra_model_outputs:
+            stored = list(episode.get_extra_model_outputs(Columns.STATE_KEY))
         for t in range(steps):
             info = infos[t]
             if stored is not None:
                 cols["state_key"].append(stored[t])
-            elif "state_key" not in info:
+            elif Columns.STATE_KEY not in info:
                 raise KeyError(
-                    f"env info at step {t} of episode {episode.id_} lacks 'state_key' (env protocol)"
+                    f"env info at step {t} of episode {episode.id_} lacks '{Columns.STATE_KEY}' (env protocol)"
                 )
             else:
-                cols["state_key"].append(str(info["state_key"]))
+                cols["state_key"].append(str(info[Columns.STATE_KEY]))
             cols["admissible"].append([str(a) for a in info.get("admissible_actions", ())])
         cols["group_id"].extend([gid] * steps)
         cols["episode_id"].extend([str(episode.id_)] * steps)
         cols["reward"].extend(rewards - invalid_penalty * invalid)
         cols["invalid"].extend(invalid)
-        for key, name in ((PROMPT_IDS, "prompt_ids"), (ACTION_IDS, "action_ids"), (ACTION_LOGP, "old_logp")):
+        for key, name in (
+            (Columns.PROMPT_IDS, "prompt_ids"),
+            (Columns.ACTION_IDS, "action_ids"),
+            (Columns.ACTION_LOGP, "old_logp"),
+        ):
             cols[name].extend(list(v) for v in episode.get_extra_model_outputs(key))
     return StepRows(
         group_id=np.asarray(cols["group_id"], dtype=np.int64),
@@ -132,6 +144,54 @@ def uniform_groups(rows: StepRows) -> set[int]:
     for gid, eid, r in zip(rows.group_id.tolist(), rows.episode_id, rows.reward.tolist(), strict=True):
         returns[gid][eid] += r
     return {g for g, per_ep in returns.items() if np.ptp(list(per_ep.values())) <= 1e-9}
+
+
+@dataclass
+class TrainingGroups:
+    """Which groups of a batch train: the decision ``stamp_training_groups`` stamped on the episodes."""
+
+    groups: list[int]  # every group id of the batch, in batch order
+    uniform: set[int]  # groups whose episodes all got the same shaped return
+    skipped: set[int]  # groups that do not train: the uniform ones under skip_uniform_groups, else none
+
+    @property
+    def any_trained(self) -> bool:
+        """Whether the update has any row to train on."""
+        return len(self.skipped) < len(self.groups)
+
+    @property
+    def uniform_share(self) -> float:
+        """Share of the batch's groups that are uniform (0.0 without groups)."""
+        return len(self.uniform) / len(self.groups) if self.groups else 0.0
+
+
+def stamp_training_groups(
+    episodes: Sequence, *, invalid_penalty: float, skip_uniform_groups: bool
+) -> TrainingGroups:
+    """Decide which groups of ``episodes`` train and stamp it on every episode (``custom_data[Columns.TRAINS]``).
+
+    The one place of the rule (called once per iteration by ``GAGPO.training_step``): a group trains unless
+    ``skip_uniform_groups`` and its episodes all got the same shaped return (``uniform_groups`` over
+    ``episode_rows`` with ``invalid_penalty``). ``sharding`` and ``GroupedAdvantages`` read the stamp.
+    """
+    uniform = uniform_groups(episode_rows(episodes, invalid_penalty)) if episodes else set()
+    skipped = set(uniform) if skip_uniform_groups else set()
+    for episode in episodes:
+        episode.custom_data[Columns.TRAINS] = _group_id(episode) not in skipped
+    return TrainingGroups(
+        groups=list(dict.fromkeys(_group_id(e) for e in episodes)), uniform=uniform, skipped=skipped
+    )
+
+
+def trains(episode) -> bool:
+    """The stamp of ``stamp_training_groups``: whether the episode's group trains in this update."""
+    try:
+        return bool(episode.custom_data[Columns.TRAINS])
+    except KeyError:
+        raise KeyError(
+            f"episode {episode.id_} has no custom_data['{Columns.TRAINS}']: stamp the batch with"
+            " stamp_training_groups (GAGPO.training_step does)"
+        ) from None
 
 
 def _pad(seqs: list[list], width: int, fill, dtype, left: bool) -> torch.Tensor:
@@ -205,10 +265,19 @@ class GroupedAdvantages(ConnectorV2):
         if self.similarity_threshold is not None:
             rows.state_key = anchor_keys(rows.group_id, rows.state_key, self.similarity_threshold)
         adv = self.advantages(rows)
-        keep = np.ones(len(adv), dtype=bool)
-        skipped = uniform_groups(rows) if self.skip_uniform_groups else set()
-        if skipped:
-            keep = ~np.isin(rows.group_id, sorted(skipped))
+        stamped = [Columns.TRAINS in e.custom_data for e in episodes]
+        if not all(stamped):
+            if any(stamped):
+                raise ValueError(
+                    f"{stamped.count(False)} of {len(episodes)} episodes lack custom_data['{Columns.TRAINS}']: stamp"
+                    " the whole batch with stamp_training_groups"
+                )
+            stamp_training_groups(
+                episodes, invalid_penalty=self.invalid_penalty, skip_uniform_groups=self.skip_uniform_groups
+            )
+        episode_trains = [trains(e) for e in episodes]
+        keep = np.repeat(np.asarray(episode_trains, dtype=bool), [len(e) for e in episodes])
+        skipped = {_group_id(e) for e, t in zip(episodes, episode_trains, strict=True) if not t}
         if metrics is not None:
             self._log(metrics, rows, adv, keep, len(skipped))
         module = single_module(rl_module)
@@ -242,16 +311,16 @@ class GroupedAdvantages(ConnectorV2):
         p_width = max((len(p) for p in prompts), default=0)
         a_width = max((len(a) for a in actions), default=0)
         data = {
-            "prompt_ids": _pad(prompts, p_width, module.pad_token_id, torch.long, left=True),
-            "prompt_len": torch.as_tensor([len(p) for p in prompts], dtype=torch.long),
-            "action_ids": _pad(actions, a_width, module.pad_token_id, torch.long, left=False),
-            "action_len": torch.as_tensor([len(a) for a in actions], dtype=torch.long),
-            "old_logp": _pad(old_logp, a_width, 0.0, torch.float32, left=False),
-            "advantages": torch.as_tensor(adv[idx], dtype=torch.float32),
-            "invalid": torch.as_tensor(rows.invalid[idx], dtype=torch.float32),
+            Columns.PROMPT_IDS: _pad(prompts, p_width, module.pad_token_id, torch.long, left=True),
+            Columns.PROMPT_LEN: torch.as_tensor([len(p) for p in prompts], dtype=torch.long),
+            Columns.ACTION_IDS: _pad(actions, a_width, module.pad_token_id, torch.long, left=False),
+            Columns.ACTION_LEN: torch.as_tensor([len(a) for a in actions], dtype=torch.long),
+            Columns.OLD_LOGP: _pad(old_logp, a_width, 0.0, torch.float32, left=False),
+            Columns.ADVANTAGES: torch.as_tensor(adv[idx], dtype=torch.float32),
+            Columns.INVALID: torch.as_tensor(rows.invalid[idx], dtype=torch.float32),
         }
         if masks is not None:
-            data["allowed_ids"] = self._allowed_ids(masks, a_width)
+            data[Columns.ALLOWED_IDS] = self._allowed_ids(masks, a_width)
         data.update(self.extra_columns(rows, idx))
         batch[DEFAULT_MODULE_ID] = data
         return batch
@@ -322,11 +391,11 @@ class GroupedAdvantages(ConnectorV2):
             "adv_zero_share": float(np.mean(np.abs(adv) < 1e-8)) if len(adv) else 0.0,
             "num_steps": float(len(adv)),
             "num_steps_trained": float(keep.sum()),
-            "num_groups": float(len(np.unique(rows.group_id))),
+            "num_groups_in_batch": float(len(np.unique(rows.group_id))),
             "num_groups_skipped": float(n_skipped),
-            "invalid_share": float(rows.invalid.mean()) if len(rows.invalid) else 0.0,
+            "invalid_action_share_in_batch": float(rows.invalid.mean()) if len(rows.invalid) else 0.0,
         }
         # Counts add up over the learners (each sees its own whole groups); the rest is averaged.
-        counts = ("num_steps", "num_steps_trained", "num_groups", "num_groups_skipped")
+        counts = ("num_steps", "num_steps_trained", "num_groups_in_batch", "num_groups_skipped")
         for name, value in stats.items():
             metrics.log_value(("gagpo", name), value, reduce="sum" if name in counts else "mean")

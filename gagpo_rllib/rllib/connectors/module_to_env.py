@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 from ray.rllib.connectors.connector_v2 import ConnectorV2
-from ray.rllib.core.columns import Columns
+from ray.rllib.core.columns import Columns as RLlibColumns
 from ray.rllib.core.rl_module.rl_module import RLModule
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.actions import parse_action
 from gagpo_rllib.policy.rl_module import object_array
-from gagpo_rllib.rllib.connectors.env_to_module import ENV_ACTION, INVALID, INVALID_REASON, episode_info
+from gagpo_rllib.rllib.connectors.env_to_module import INVALID, INVALID_REASON, episode_info
 
 __all__ = ["INVALID", "INVALID_REASON", "ActionParserConnector"]
 
@@ -40,7 +41,7 @@ class ActionParserConnector(ConnectorV2):
         self.max_action_chars = int(max_action_chars)
 
     def __call__(self, *, rl_module: RLModule, batch: dict, episodes: list, **kwargs) -> dict:
-        texts = batch[Columns.ACTIONS]
+        texts = batch[RLlibColumns.ACTIONS]
         if len(texts) != len(episodes):
             raise ValueError(f"module output has {len(texts)} actions for {len(episodes)} episodes")
         env_actions, invalid, reasons = [], [], []
@@ -59,8 +60,8 @@ class ActionParserConnector(ConnectorV2):
             env_actions.append(parsed.action)
             invalid.append(not parsed.valid)
             reasons.append(parsed.reason)
-        batch[Columns.ACTIONS_FOR_ENV] = object_array(env_actions)
-        batch[ENV_ACTION] = object_array(env_actions)
-        batch[INVALID] = np.asarray(invalid, dtype=bool)
-        batch[INVALID_REASON] = object_array(reasons)
+        batch[RLlibColumns.ACTIONS_FOR_ENV] = object_array(env_actions)
+        batch[Columns.ENV_ACTION] = object_array(env_actions)
+        batch[Columns.INVALID] = np.asarray(invalid, dtype=bool)
+        batch[Columns.INVALID_REASON] = object_array(reasons)
         return batch

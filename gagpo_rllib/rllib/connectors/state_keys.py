@@ -10,13 +10,14 @@ from __future__ import annotations
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core.rl_module.rl_module import RLModule
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.rl_module import object_array
 from gagpo_rllib.rllib.state_keys import resolve_state_key, state_key_of
 
 __all__ = ["STATE_KEY", "StateKeyConnector"]
 
-# Per-step extra model output holding the step's state key.
-STATE_KEY = "state_key"
+# Per-step extra model output holding the step's state key (gagpo_rllib.columns; kept for importers).
+STATE_KEY = Columns.STATE_KEY
 
 
 class StateKeyConnector(ConnectorV2):
@@ -37,7 +38,7 @@ class StateKeyConnector(ConnectorV2):
 
     def __call__(self, *, rl_module: RLModule, batch: dict, episodes: list, **kwargs) -> dict:
         # RLlib's own sample() loop may pass a fresh, not yet reset episode (its action is then discarded).
-        batch[STATE_KEY] = object_array(
+        batch[Columns.STATE_KEY] = object_array(
             state_key_of(self.key_fn, episode.get_infos(-1), episode, self.spec) if episode.is_reset else None
             for episode in episodes
         )

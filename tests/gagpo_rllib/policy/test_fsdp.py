@@ -19,7 +19,11 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 import tests.gagpo_rllib.toy_env as toy_env
 from gagpo_rllib.rllib.algorithm import GAGPO, task_plan
-from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows, uniform_groups
+from gagpo_rllib.rllib.connectors.grouped_advantages import (
+    episode_rows,
+    stamp_training_groups,
+    uniform_groups,
+)
 from gagpo_rllib.rllib.learner import GAGPOTorchLearner
 from gagpo_rllib.rllib.sharding import GroupShardedTrainingData
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
@@ -89,7 +93,11 @@ def episodes(algo: GAGPO) -> list:
 
 
 def _training_data(algo: GAGPO, episodes: list) -> GroupShardedTrainingData:
-    return GroupShardedTrainingData(episodes=episodes, invalid_penalty=algo.config.invalid_penalty)
+    cfg = algo.config
+    stamp_training_groups(
+        episodes, invalid_penalty=cfg.invalid_penalty, skip_uniform_groups=cfg.skip_uniform_groups
+    )
+    return GroupShardedTrainingData(episodes=episodes)
 
 
 def test_each_learner_holds_half_the_weights_and_of_the_reference(algo: GAGPO) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -15,6 +16,27 @@ from tests.gagpo_rllib.advantage_check import assert_connector_advantages_are_th
 from tests.gagpo_rllib.toy_env import make_config
 
 K, N = 3, 2
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def documented_metrics() -> list[str]:
+    """The metric names of docs/metrics.md's tables (``<...>`` stands for any one name part)."""
+    names = []
+    text = (ROOT / "docs" / "metrics.md").read_text().split("## Renamed")[0]
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            cells = re.findall(r"`([^`]+)`", line.split("|")[1])
+            prefix = cells[0].rsplit("/", 1)[0]
+            names += [c if "/" in c else f"{prefix}/{c}" for c in cells]
+    return names
+
+
+def _flat(tree: dict, prefix: str = "") -> list[str]:
+    return [
+        name
+        for key, value in tree.items()
+        for name in (_flat(value, f"{prefix}{key}/") if isinstance(value, dict) else [f"{prefix}{key}"])
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +119,11 @@ def test_train_iteration_reports_metrics(algo: GAGPO) -> None:
     for key in ("singleton_share", "state_group_size_mean", "adv_iqr", "adv_std"):
         assert key in learner["gagpo"]
     assert result["env_runners"]["num_episodes"] == N * K
+    # Every GAGPO metric is documented, and no name means two things (driver and learner-connector names differ).
+    patterns = [re.sub(r"<[^>]+>", "[^/]+", re.escape(n)) for n in documented_metrics()]
+    ours = _flat({"gagpo": g, "learners": {"gagpo": learner["gagpo"]}})
+    assert [n for n in ours if not any(re.fullmatch(p, n) for p in patterns)] == []
+    assert not set(g) & set(learner["gagpo"])
 
 
 def test_checkpoint_restores_the_policy(algo: GAGPO, tmp_path: Path) -> None:

@@ -158,7 +158,7 @@ def test_runner_killed_while_sampling_survivor_replays_and_iteration_trains_whol
     g = result["gagpo"]
     assert g["runner_failures"] == 1  # the kill landed while runner 2 sampled
     assert g["groups_complete"] == N and g["groups_dropped"] == 0 and g["groups_replayed"] >= 1
-    assert g["num_episodes"] == N * K and g["num_groups"] == N and g["update_skipped"] == 0.0
+    assert g["num_episodes"] == N * K and g["groups_complete"] == N and g["update_skipped"] == 0.0
     assert result["learners"]["default_policy"]["first_minibatch_ratio_max_dev"] < 1e-4  # trained on-policy
     (sample,) = recorded
     replayed = [ep for ep in sample.episodes if ep.custom_data["attempt"] > 0]

@@ -21,7 +21,11 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 import tests.gagpo_rllib.toy_env as toy_env
 from gagpo_rllib.method.advantages import compute_advantages
 from gagpo_rllib.rllib.algorithm import GAGPO, task_plan
-from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows, uniform_groups
+from gagpo_rllib.rllib.connectors.grouped_advantages import (
+    episode_rows,
+    stamp_training_groups,
+    uniform_groups,
+)
 from gagpo_rllib.rllib.learner import NONFINITE_SKIPPED, GAGPOTorchLearner
 from gagpo_rllib.rllib.rllib_internals import ROW_WEIGHT
 from gagpo_rllib.rllib.sharding import GroupShardedTrainingData
@@ -116,9 +120,10 @@ def _sample(algo: GAGPO, iteration: int) -> list:
 
 def _training_data(algo: GAGPO, episodes: list) -> GroupShardedTrainingData:
     cfg = algo.config
-    return GroupShardedTrainingData(
-        episodes=episodes, invalid_penalty=cfg.invalid_penalty, skip_uniform_groups=cfg.skip_uniform_groups
+    stamp_training_groups(
+        episodes, invalid_penalty=cfg.invalid_penalty, skip_uniform_groups=cfg.skip_uniform_groups
     )
+    return GroupShardedTrainingData(episodes=episodes)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +208,7 @@ def test_three_iterations_with_minibatches_and_skipped_groups_finish_with_total_
             assert sum(r["steps"][:per_epoch]) == sum(r["steps"][per_epoch:]) == len(r["advantages"])
             assert max(r["steps"]) <= 3
         # Counts are the iteration's totals, not one learner's.
-        assert lrn["gagpo"]["num_groups"] == g["num_groups"] == N
+        assert lrn["gagpo"]["num_groups_in_batch"] == g["groups_complete"] == N
         total_steps = sum(r["num_steps"] for r in records)
         assert (
             lrn["gagpo"]["num_steps"]

@@ -12,6 +12,7 @@ from envs.maze import MazeEnv
 from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
 from gagpo_rllib.rllib.config import configure
+from gagpo_rllib.rllib.connectors.grouped_advantages import stamp_training_groups, trains
 from gagpo_rllib.rllib.connectors.module_to_env import INVALID
 from gagpo_rllib.rllib.sharding import (
     GroupShardedTrainingData,
@@ -53,10 +54,35 @@ def _batch() -> list[SingleAgentEpisode]:
     return episodes
 
 
+def _stamped(skip_uniform_groups: bool) -> list[SingleAgentEpisode]:
+    episodes = _batch()
+    stamp_training_groups(episodes, invalid_penalty=0.1, skip_uniform_groups=skip_uniform_groups)
+    return episodes
+
+
 def test_group_step_counts_give_uniform_groups_no_trainable_steps() -> None:
-    counts = group_step_counts(_batch(), invalid_penalty=0.1, skip_uniform_groups=True)
+    counts = group_step_counts(_stamped(skip_uniform_groups=True))
     assert counts == {0: (9, 9), 1: (7, 7), 2: (5, 5), 3: (0, 4), 4: (2, 2)}
-    assert group_step_counts(_batch(), invalid_penalty=0.1, skip_uniform_groups=False)[3] == (4, 4)
+    assert group_step_counts(_stamped(skip_uniform_groups=False))[3] == (4, 4)
+
+
+def test_the_stamp_decides_which_groups_train() -> None:
+    episodes = _batch()
+    decision = stamp_training_groups(episodes, invalid_penalty=0.1, skip_uniform_groups=True)
+    assert decision.groups == [0, 1, 2, 3, 4] and decision.uniform == decision.skipped == {3}
+    assert decision.any_trained and decision.uniform_share == pytest.approx(0.2)
+    assert [trains(e) for e in episodes] == [e.custom_data["group_id"] != 3 for e in episodes]
+    kept = stamp_training_groups(episodes, invalid_penalty=0.1, skip_uniform_groups=False)
+    assert kept.uniform == {3} and not kept.skipped and all(trains(e) for e in episodes)
+    # Only the uniform group: nothing trains under skip_uniform_groups.
+    assert not stamp_training_groups(episodes[6:8], invalid_penalty=0.1, skip_uniform_groups=True).any_trained
+    empty = stamp_training_groups([], invalid_penalty=0.1, skip_uniform_groups=True)
+    assert not empty.any_trained and empty.uniform_share == 0.0
+
+
+def test_unstamped_episodes_are_an_error_naming_the_stamp() -> None:
+    with pytest.raises(KeyError, match="gagpo_trains.*stamp_training_groups"):
+        group_step_counts(_batch())
 
 
 def test_assign_groups_puts_largest_first_onto_the_least_loaded_shard() -> None:
@@ -85,8 +111,8 @@ def test_epoch_minibatches_cover_every_row_once_in_equal_parts() -> None:
 
 
 def test_training_data_shards_whole_groups_with_one_minibatch_count() -> None:
-    episodes = _batch()
-    data = GroupShardedTrainingData(episodes=episodes, invalid_penalty=0.1, skip_uniform_groups=True)
+    episodes = _stamped(skip_uniform_groups=True)
+    data = GroupShardedTrainingData(episodes=episodes)
     shards = data.shard(num_shards=2, minibatch_size=4, num_epochs=3)
     assert len(shards) == 2
     groups = [sorted({e.custom_data["group_id"] for e in td.episodes}) for td, _ in shards]

@@ -14,10 +14,16 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from transformers import AutoTokenizer
 
 from envs.spaces import TextSpace
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages
 from gagpo_rllib.policy.generation.constraints import action_token_ids, allowed_token_masks
 from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
-from gagpo_rllib.rllib.connectors.grouped_advantages import GroupedAdvantages, episode_rows, uniform_groups
+from gagpo_rllib.rllib.connectors.grouped_advantages import (
+    GroupedAdvantages,
+    episode_rows,
+    stamp_training_groups,
+    uniform_groups,
+)
 from gagpo_rllib.rllib.connectors.module_to_env import INVALID
 
 ADMISSIBLE = ["go left", "go right", "look"]
@@ -131,9 +137,22 @@ def test_skip_uniform_groups_drops_groups_with_equal_returns(module, episodes) -
     assert len(out["advantages"]) == sum(len(e) for e in episodes[:3])
     np.testing.assert_allclose(out["advantages"].numpy(), _expected(episodes, "grpo", 0.1)[:8], atol=1e-6)
     assert metrics.peek(("gagpo", "num_groups_skipped")) == 1.0
-    assert metrics.peek(("gagpo", "num_groups")) == 2.0
+    assert metrics.peek(("gagpo", "num_groups_in_batch")) == 2.0
     # Of the 10 steps only the one in s5 sees a state no other step of its group sees.
     assert 0.0 < metrics.peek(("gagpo", "singleton_share")) < 1.0
+
+
+def test_the_drivers_stamp_decides_which_groups_train(module, episodes) -> None:
+    decision = stamp_training_groups(episodes, invalid_penalty=0.1, skip_uniform_groups=True)
+    assert decision.skipped == {9}
+    metrics = MetricsLogger()
+    # The connector's own setting is not consulted once the driver has decided.
+    out = GroupedAdvantages(estimator="grpo")(rl_module=module, batch={}, episodes=episodes, metrics=metrics)
+    assert len(out[DEFAULT_MODULE_ID]["advantages"]) == sum(len(e) for e in episodes[:3])
+    assert metrics.peek(("gagpo", "num_groups_skipped")) == 1.0
+    del episodes[0].custom_data[Columns.TRAINS]
+    with pytest.raises(ValueError, match="1 of 5 episodes lack"):
+        GroupedAdvantages()(rl_module=module, batch={}, episodes=episodes)
 
 
 def test_missing_group_and_incomplete_episode_are_errors(module, episodes) -> None:
