@@ -24,9 +24,9 @@ import numpy as np
 
 from gagpo_rllib.method.advantages import grouping_diagnostics
 from gagpo_rllib.method.similarity import anchor_keys
-from gagpo_rllib.rllib.algorithm import task_plan
 from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows
-from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner, derive_seed
+from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
+from gagpo_rllib.rllib.plans import derive_seed, task_plan
 from gagpo_rllib.rllib.state_keys import episode_state_keys, resolve_state_key
 
 ROOT = Path(__file__).resolve().parents[1]

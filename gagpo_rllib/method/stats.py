@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gagpo_rllib.method.seeds import BOOTSTRAP_SALT, salted_rng
+
 __all__ = ["Interval", "bootstrap_interval", "mean_interval", "paired_differences"]
 
 
@@ -61,7 +63,7 @@ def bootstrap_interval(
         raise ValueError(f"n_resamples must be an int >= 100, got {n_resamples!r}")
     if array.size < 2:
         return float("nan"), float("nan")
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x626F6F74]))
+    rng = salted_rng(seed, BOOTSTRAP_SALT)
     means = array[rng.integers(array.size, size=(int(n_resamples), array.size))].mean(axis=1)
     alpha = (1.0 - confidence) / 2.0
     low, high = np.quantile(means, [alpha, 1.0 - alpha])

@@ -32,20 +32,16 @@ from gagpo_rllib.rllib.connectors.grouped_advantages import (
     stamp_training_groups,
     uniform_groups,
 )
-from gagpo_rllib.rllib.dynamic_sampling import (
-    EXTRA_GROUP_ID_BASE,
-    DynamicSample,
-    extra_plan,
-    fill_informative_groups,
-)
+from gagpo_rllib.rllib.dynamic_sampling import DynamicSample, fill_informative_groups
 from gagpo_rllib.rllib.engine_sleep import rollout_engines_asleep
-from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats, derive_seed
+from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats
 from gagpo_rllib.rllib.group_sampling import GroupSample, ask_env_runner, sample_whole_groups, split_plan
 from gagpo_rllib.rllib.learner import report_skipped_updates
+from gagpo_rllib.rllib.plans import EXTRA_GROUP_ID_BASE, extra_plan, task_plan
 from gagpo_rllib.rllib.sharding import GroupShardedTrainingData, placement_shortfall
 from gagpo_rllib.rllib.weight_sync import route_learner_syncs, sync_env_runners
 
-__all__ = ["GAGPO", "GAGPOConfig", "split_plan", "task_plan"]
+__all__ = ["GAGPO", "GAGPOConfig", "split_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,29 +91,6 @@ def reward_signal_shares(episodes: list) -> dict[str, float]:
         "groups_all_invalid_share": sum(g["all_invalid"] for g in by_group.values()) / n,
         "groups_no_reward_signal_share": penalty_only + zero,
     }
-
-
-def task_plan(
-    num_tasks: int, *, groups: int, group_size: int, seed: int, iteration: int
-) -> list[PlannedEpisode]:
-    """N task instances x K episodes for one iteration, a pure function of (seed, iteration).
-
-    Tasks are drawn without replacement while N <= num_tasks. Group ids are unique over iterations.
-    """
-    if num_tasks < 1:
-        raise ValueError(f"env.num_tasks must be >= 1, got {num_tasks}")
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(iteration), 0x6A6]))
-    tasks = rng.choice(num_tasks, size=groups, replace=groups > num_tasks)
-    return [
-        PlannedEpisode(
-            group_id=iteration * groups + g,
-            task_id=int(task),
-            member=k,
-            env_seed=derive_seed(seed, iteration, g, k),
-        )
-        for g, task in enumerate(tasks)
-        for k in range(group_size)
-    ]
 
 
 class GAGPO(Algorithm):

@@ -9,9 +9,10 @@ new groups as informative ones are still missing (never more than the bound has 
 informative groups in sampling order, whole groups only; when the bound runs out first it holds fewer (the
 iteration reports the shortfall) and an iteration without any informative group skips its update.
 
-Every extra round is a pure function of (seed, iteration, round): its tasks come from their own seeded stream, its
-group ids (``EXTRA_GROUP_ID_BASE`` + iteration x bound + j) never collide with a plan's, and its groups are played
-by ``sample_whole_groups`` with the same fault tolerance as the first plan's.
+Every extra round is a pure function of (seed, iteration, round) (``gagpo_rllib.rllib.plans.extra_plan``): its
+tasks come from their own seeded stream, its group ids (``EXTRA_GROUP_ID_BASE`` + iteration x bound + j) never collide
+with a plan's, and its groups are played by ``sample_whole_groups`` with the same fault tolerance as the first
+plan's.
 """
 
 from __future__ import annotations
@@ -19,58 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from gagpo_rllib.columns import Columns
-from gagpo_rllib.rllib.env_runner import PlannedEpisode, derive_seed
+from gagpo_rllib.rllib.env_runner import PlannedEpisode
 from gagpo_rllib.rllib.group_sampling import GroupSample
 
-__all__ = [
-    "EXTRA_GROUP_ID_BASE",
-    "DynamicSample",
-    "extra_plan",
-    "fill_informative_groups",
-    "merge_samples",
-]
-
-# Extra groups' ids start here: above every plan's id (iteration x N + g), distinct in the low 32 bits that
-# derive_seed uses.
-EXTRA_GROUP_ID_BASE = 1 << 31
-
-
-def extra_plan(
-    num_tasks: int,
-    *,
-    groups: int,
-    group_size: int,
-    seed: int,
-    iteration: int,
-    round_index: int,
-    first_group_id: int,
-) -> list[PlannedEpisode]:
-    """``groups`` new task instances x K episodes for extra round ``round_index`` (>= 1) of an iteration.
-
-    Tasks come from a stream of their own per (seed, iteration, round), with replacement (a task can be drawn
-    again: its new rollouts may disagree). Group ids run from ``first_group_id``.
-    """
-    if round_index < 1:
-        raise ValueError(f"extra_plan: round_index must be >= 1, got {round_index}")
-    if num_tasks < 1:
-        raise ValueError(f"env.num_tasks must be >= 1, got {num_tasks}")
-    rng = np.random.default_rng(
-        np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(iteration), 0xD5, int(round_index)])
-    )
-    tasks = rng.integers(0, num_tasks, size=groups)
-    return [
-        PlannedEpisode(
-            group_id=first_group_id + g,
-            task_id=int(task),
-            member=k,
-            env_seed=derive_seed(seed, iteration, first_group_id + g, k),
-        )
-        for g, task in enumerate(tasks)
-        for k in range(group_size)
-    ]
+__all__ = ["DynamicSample", "fill_informative_groups", "merge_samples"]
 
 
 def merge_samples(first: GroupSample, other: GroupSample) -> GroupSample:

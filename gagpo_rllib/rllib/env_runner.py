@@ -24,16 +24,16 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from ray.rllib.core.columns import Columns as RLlibColumns
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from gagpo_rllib.columns import Columns
+from gagpo_rllib.method.seeds import derive_seed
 from gagpo_rllib.rllib.threads import set_torch_threads
 
-__all__ = ["EnvError", "GAGPOEnvRunner", "PlannedEpisode", "RolloutStats", "derive_seed", "episode_env_error"]
+__all__ = ["EnvError", "GAGPOEnvRunner", "PlannedEpisode", "RolloutStats", "episode_env_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -289,8 +289,3 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
 def episode_env_error(episode: SingleAgentEpisode) -> str | None:
     """The env error that ended ``episode``, or None for an episode the env played to its end."""
     return episode.custom_data.get(Columns.ENV_ERROR)
-
-
-def derive_seed(*parts: int) -> int:
-    """A 31-bit seed from integer parts (the same parts always give the same seed)."""
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0] >> 1)

@@ -34,7 +34,8 @@ from gagpo_rllib.policy.rl_module import ACTION_IDS, PROMPT_IDS
 from gagpo_rllib.rllib.config import GAGPOConfig, configure
 from gagpo_rllib.rllib.connectors.env_to_module import ENV_ACTION
 from gagpo_rllib.rllib.connectors.module_to_env import INVALID, INVALID_REASON
-from gagpo_rllib.rllib.env_runner import PlannedEpisode, derive_seed
+from gagpo_rllib.rllib.group_sampling import ask_env_runner, sample_whole_groups
+from gagpo_rllib.rllib.plans import evaluation_plan, validation_seed
 
 __all__ = [
     "ENV_ALIASES",
@@ -322,29 +323,6 @@ def _env_name(config: GAGPOConfig) -> str:
     return config.env.__name__ if isinstance(config.env, type) else str(config.env)
 
 
-def evaluation_plan(num_tasks_in_split: int, settings: EvalSettings) -> list[PlannedEpisode]:
-    """Which tasks to play: all of the split, or ``num_tasks`` of them drawn without replacement from the seed."""
-    if num_tasks_in_split < 1:
-        raise ValueError(f"the evaluation split has no task (env.num_tasks = {num_tasks_in_split})")
-    if settings.num_tasks is not None and settings.num_tasks > num_tasks_in_split:
-        logger.warning(
-            "evaluation: %d tasks asked (--num-tasks) but the split has only %d: playing all %d",
-            settings.num_tasks,
-            num_tasks_in_split,
-            num_tasks_in_split,
-        )
-    if settings.num_tasks is None or settings.num_tasks >= num_tasks_in_split:
-        tasks = list(range(num_tasks_in_split))
-    else:
-        rng = np.random.default_rng(np.random.SeedSequence([settings.seed, 0xE7A1]))
-        tasks = sorted(int(t) for t in rng.choice(num_tasks_in_split, size=settings.num_tasks, replace=False))
-    return [
-        PlannedEpisode(group_id=g, task_id=t, member=k, env_seed=derive_seed(settings.seed, t, k))
-        for g, t in enumerate(tasks)
-        for k in range(settings.episodes_per_task)
-    ]
-
-
 def evaluation_config(config: GAGPOConfig, settings: EvalSettings) -> GAGPOConfig:
     """``config`` set up for evaluation: the eval split, eval temperature, no reference model or critic, runners."""
     settings.validate()
@@ -428,6 +406,11 @@ def play(
 def validation_function(settings: EvalSettings) -> Callable[[Any, Any], tuple[dict[str, float], int, int]]:
     """An RLlib ``custom_evaluation_function``: play the evaluation plan on the evaluation EnvRunners.
 
+    The plan is played as training plays its groups (``sample_whole_groups`` on the evaluation runners, with the
+    config's ``max_group_attempts`` and ``group_sampling_timeout_s``): members lost with a runner or ended by an
+    env error are played again, groups still incomplete after the attempts are left out of the metrics (none
+    left: only ``num_episodes`` = 0 is reported). Generation seeds: ``plans.episode_gen_seed`` from
+    ``plans.validation_seed(settings.seed)``, the iteration, group, member and attempt, never the runner.
     The runners play with ``explore=False`` (the config's ``eval_temperature``); the metrics land under
     ``evaluation/valid/`` in the result: ``success`` (All or WebShop's success, in [0, 1]),
     ``by_type/<column>`` for each column of the Table-1 layout (in [0, 1]), ``score`` (WebShop, 0-100),
@@ -435,33 +418,33 @@ def validation_function(settings: EvalSettings) -> Callable[[Any, Any], tuple[di
     """
 
     def run(algorithm: Any, eval_group: Any) -> tuple[dict[str, float], int, int]:
-        remote = eval_group.num_remote_env_runners()
-        num_tasks = eval_group.foreach_env_runner(lambda r: r.num_tasks(), local_env_runner=remote == 0)[0]
+        num_tasks = ask_env_runner(algorithm, lambda r: r.num_tasks(), env_runner_group=eval_group)
         plan = evaluation_plan(int(num_tasks), settings)
-        parts = max(1, remote)
-        bounds = np.linspace(0, len(plan), parts + 1).round().astype(int)
-        shares = [plan[bounds[i] : bounds[i + 1]] for i in range(parts)]
-        seed, iteration = settings.seed, int(algorithm.iteration)
-
-        def play_share(runner: Any) -> list[EpisodeRecord]:
-            share = shares[max(0, runner.worker_index - 1)]
-            episodes, _ = runner.sample_groups(
-                share, gen_seed=derive_seed(seed, iteration, runner.worker_index, 0xE7A1), explore=False
-            )
-            return [record(e) for e in episodes]
-
-        results = eval_group.foreach_env_runner(play_share, local_env_runner=remote == 0)
-        records = [r for part in results for r in part]
-        layout, table = summarise(records)
-        metrics: dict[tuple[str, ...], float] = {
-            ("success",): table["success" if layout == "webshop" else "All"] / 100.0,
-            ("episode_len_mean",): float(np.mean([r.length for r in records])),
-            ("num_episodes",): float(len(records)),
-        }
-        if layout == "webshop":
-            metrics[("score",)] = table["score"]
+        iteration = int(algorithm.iteration)
+        # Training's whole-group sampling, on the evaluation runners: lost runners and env errors are played again,
+        # groups still incomplete after the attempts are left out.
+        sample = sample_whole_groups(
+            algorithm,
+            plan,
+            iteration,
+            explore=False,
+            env_runner_group=eval_group,
+            seed=validation_seed(settings.seed),
+        )
+        records = [record(e) for e in sample.episodes]
+        metrics: dict[tuple[str, ...], float] = {("num_episodes",): float(len(records))}
+        if records:
+            layout, table = summarise(records)
+            metrics[("success",)] = table["success" if layout == "webshop" else "All"] / 100.0
+            metrics[("episode_len_mean",)] = float(np.mean([r.length for r in records]))
+            if layout == "webshop":
+                metrics[("score",)] = table["score"]
+            else:
+                metrics.update({("by_type", k): v / 100.0 for k, v in table.items() if not math.isnan(v)})
         else:
-            metrics.update({("by_type", k): v / 100.0 for k, v in table.items() if not math.isnan(v)})
+            logger.warning(
+                "validation at iteration %d: no whole group came back; nothing to report", iteration
+            )
         # The new API stack reads evaluation results from the algorithm's metrics under "evaluation", merged
         # in as EnvRunner metrics are.
         logged = MetricsLogger()

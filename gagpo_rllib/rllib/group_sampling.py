@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from gagpo_rllib.columns import Columns
-from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats, derive_seed, episode_env_error
+from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats, episode_env_error
+from gagpo_rllib.rllib.plans import episode_gen_seed
 
 __all__ = [
     "GroupSample",
@@ -137,9 +138,10 @@ def _play_fn(share: list[PlannedEpisode], explore: bool, expected_seq_no: int | 
     return play
 
 
-def _wait_for_runner(algo: Any, deadline: float) -> list[int]:
-    """Poll RLlib's restore until a remote runner is healthy again or the deadline passes."""
-    group = algo.env_runner_group
+def _wait_for_runner(algo: Any, deadline: float, group: Any = None) -> list[int]:
+    """Poll RLlib's restore until a remote runner of ``group`` (default: the training runners) is healthy again or
+    the deadline passes."""
+    group = group if group is not None else algo.env_runner_group
     logger.warning("GAGPO: no healthy EnvRunner; waiting for RLlib to restore one")
     while True:
         algo.restore_env_runners(group)
@@ -149,19 +151,22 @@ def _wait_for_runner(algo: Any, deadline: float) -> list[int]:
         time.sleep(min(RESTORE_POLL_S, max(0.0, deadline - time.monotonic())))
 
 
-def ask_env_runner(algo: Any, func: Any, *, timeout_s: float | None = None) -> Any:
+def ask_env_runner(
+    algo: Any, func: Any, *, timeout_s: float | None = None, env_runner_group: Any = None
+) -> Any:
     """``func(runner)`` on one runner with an env: the local one if it has an env, else a healthy remote one.
 
     Waits for a restored runner while none is healthy (until ``timeout_s``, default the sampling timeout).
+    ``env_runner_group``: whose runners (default the training ones).
     """
-    group = algo.env_runner_group
+    group = env_runner_group if env_runner_group is not None else algo.env_runner_group
     local = group.local_env_runner
     if group.num_remote_env_runners() == 0 or (local is not None and local.has_env()):
         return func(local)
     timeout_s = timeout_s if timeout_s is not None else algo.config.group_sampling_timeout_s
     deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
     while True:
-        ids = group.healthy_env_runner_ids() or _wait_for_runner(algo, deadline)
+        ids = group.healthy_env_runner_ids() or _wait_for_runner(algo, deadline, group)
         if ids:
             answers = group.foreach_env_runner(func, local_env_runner=False, remote_worker_ids=ids[:1])
             if answers:
@@ -171,10 +176,9 @@ def ask_env_runner(algo: Any, func: Any, *, timeout_s: float | None = None) -> A
 
 
 def _play_round(
-    algo: Any, items: list[PlannedEpisode], explore: bool, deadline: float
+    algo: Any, group: Any, items: list[PlannedEpisode], explore: bool, deadline: float
 ) -> tuple[list[RunnerResult], int]:
-    """Play ``items`` once on the runners available now; returns the results and the failed runner calls."""
-    group = algo.env_runner_group
+    """Play ``items`` once on ``group``'s runners available now; returns the results and the failed runner calls."""
     local = group.local_env_runner
     if group.num_remote_env_runners() == 0:
         return [_play_fn(items, explore, None)(local)], 0
@@ -189,7 +193,7 @@ def _play_round(
             sync_local_runner(group, algo.learner_group)
         return [_play_fn(items, explore, None)(local)], 0
     if not ids:
-        ids = sorted(_wait_for_runner(algo, deadline))
+        ids = sorted(_wait_for_runner(algo, deadline, group))
     if not ids:
         return [], 0
     expected = local.weights_seq_no() if local is not None else None
@@ -223,15 +227,20 @@ def sample_whole_groups(
     explore: bool = True,
     max_attempts: int | None = None,
     timeout_s: float | None = None,
+    env_runner_group: Any = None,
+    seed: int | None = None,
 ) -> GroupSample:
     """Play ``plan`` on ``algo``'s EnvRunners until every group is whole or the attempts / deadline run out.
 
     ``max_attempts`` and ``timeout_s`` default to the config's ``max_group_attempts`` and
-    ``group_sampling_timeout_s``. Raises ``GroupSamplingError`` only when nothing but failures came back (see
-    the module docstring).
+    ``group_sampling_timeout_s``. ``env_runner_group``: the runners that play (default the training ones; validation
+    passes the evaluation ones). ``seed``: the base of the generation seeds (``plans.episode_gen_seed``; default
+    the config's seed). Raises ``GroupSamplingError`` only when nothing but failures came back (see the module
+    docstring).
     """
     cfg = algo.config
-    seed = int(cfg.seed or 0)
+    group = env_runner_group if env_runner_group is not None else algo.env_runner_group
+    seed = int(seed if seed is not None else cfg.seed or 0)
     max_attempts = int(max_attempts if max_attempts is not None else cfg.max_group_attempts)
     timeout_s = timeout_s if timeout_s is not None else cfg.group_sampling_timeout_s
     deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
@@ -249,9 +258,7 @@ def sample_whole_groups(
     attempt = 0
     while missing and attempt < max_attempts and time.monotonic() < deadline:
         items = [
-            dataclasses.replace(
-                p, attempt=attempt, gen_seed=derive_seed(seed, iteration, p.group_id, p.member, attempt)
-            )
+            dataclasses.replace(p, attempt=attempt, gen_seed=episode_gen_seed(seed, iteration, p, attempt))
             for p in missing.values()
         ]
         if attempt > 0:
@@ -263,7 +270,7 @@ def sample_whole_groups(
                 len(items),
                 len({p.group_id for p in items}),
             )
-        results, failures = _play_round(algo, items, explore, deadline)
+        results, failures = _play_round(algo, group, items, explore, deadline)
         runner_failures += failures
         attempt += 1
         for result in results:

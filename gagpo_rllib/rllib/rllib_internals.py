@@ -36,6 +36,7 @@ from ray.rllib.utils.numpy import convert_to_numpy
 
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.distributed import StepStats, agree_sum, world
+from gagpo_rllib.rllib.plans import shuffle_rng
 from gagpo_rllib.rllib.sharding import epoch_minibatches, minibatches_per_epoch
 
 __all__ = ["ROW_WEIGHT", "ChunkedTorchLearner"]
@@ -187,7 +188,7 @@ class ChunkedTorchLearner(TorchLearner):
             rng = None
             if shuffle and per_epoch > 1:
                 # The update's sequence number is checkpointed: a restored run shuffles as the uninterrupted one.
-                rng = np.random.default_rng([int(self.config.seed or 0), self._weights_seq_no, epoch, rank])
+                rng = shuffle_rng(int(self.config.seed or 0), self._weights_seq_no, epoch, rank)
             for idx in epoch_minibatches(n, per_epoch, rng):
                 if done == total:
                     break

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from gagpo_rllib.method.seeds import DEMONSTRATION_TASKS_SALT, salted_rng
 
 __all__ = [
     "DemoSet",
@@ -120,7 +120,7 @@ def _task_ids(total: int, task_ids: Sequence[int] | None, num_tasks: int | None,
         return list(range(total))
     if num_tasks < 1:
         raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xDE30]))
+    rng = salted_rng(seed, DEMONSTRATION_TASKS_SALT)
     return sorted(int(t) for t in rng.choice(total, size=num_tasks, replace=False))
 
 

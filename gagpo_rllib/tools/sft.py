@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from gagpo_rllib.method.seeds import SFT_HELDOUT_SALT, SFT_ORDER_SALT, SFT_SUBSET_SALT, salted_rng
 from gagpo_rllib.policy.generation.constraints import ActionTrie, action_token_ids, end_token_id
 from gagpo_rllib.policy.logprobs import action_logprobs
 from gagpo_rllib.policy.models import load_policy
@@ -134,7 +135,7 @@ def split_demonstrations(
         raise ValueError(
             f"heldout_fraction {fraction} leaves no training episode out of {len(demos)} demonstrations"
         )
-    order = np.random.default_rng(np.random.SeedSequence([int(seed), 0x5F7])).permutation(len(demos))
+    order = salted_rng(seed, SFT_HELDOUT_SALT).permutation(len(demos))
     held = set(order[:n_held].tolist())
     return [d for i, d in enumerate(demos) if i not in held], [d for i, d in enumerate(demos) if i in held]
 
@@ -312,7 +313,7 @@ def finetune(
     )
     train_ex = build_examples(train_demos, tokenizer, **common)
     if settings.max_train_steps is not None and len(train_ex) > settings.max_train_steps:
-        keep = np.random.default_rng(np.random.SeedSequence([int(settings.seed), 0x5F9])).choice(
+        keep = salted_rng(settings.seed, SFT_SUBSET_SALT).choice(
             len(train_ex), size=settings.max_train_steps, replace=False
         )
         train_ex = [train_ex[i] for i in sorted(keep.tolist())]
@@ -322,7 +323,7 @@ def finetune(
         pad_token_id=int(tokenizer.pad_token_id), vocab_size=vocab_size, temperature=settings.temperature
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    rng = np.random.default_rng(np.random.SeedSequence([int(settings.seed), 0x5F8]))
+    rng = salted_rng(settings.seed, SFT_ORDER_SALT)
     result = SFTResult(
         out_dir=str(out),
         base_model=str(model_path),

@@ -12,18 +12,14 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-__all__ = ["GenerationBackend", "GenerationOutput", "SamplingConfig", "Seed", "mix_seed", "row_seeds"]
+from gagpo_rllib.method.seeds import mix_seed
+
+__all__ = ["GenerationBackend", "GenerationOutput", "SamplingConfig", "Seed", "row_seeds"]
 
 logger = logging.getLogger(__name__)
 
 # One seed for the call (mixed with each request's index) or one seed per prompt.
 Seed = int | Sequence[int] | None
-
-
-def mix_seed(*parts: int) -> int:
-    """A 31-bit seed hashed from integer parts, so (call seed, request index) pairs never collide by addition."""
-    words = [int(p) & 0xFFFFFFFF for p in parts] + [int(p) >> 32 & 0xFFFFFFFF for p in parts]
-    return int(np.random.SeedSequence(words).generate_state(1)[0] >> 1)
 
 
 def row_seeds(seed: Seed, n: int) -> list[int] | None:

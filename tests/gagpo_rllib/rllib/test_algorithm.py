@@ -11,7 +11,7 @@ import ray
 import ray.cloudpickle
 
 import tests.gagpo_rllib.toy_env as toy_env
-from gagpo_rllib.rllib.algorithm import GAGPO, split_plan, task_plan
+from gagpo_rllib.rllib.algorithm import GAGPO
 from tests.gagpo_rllib.advantage_check import assert_connector_advantages_are_the_engines
 from tests.gagpo_rllib.toy_env import make_config
 
@@ -51,21 +51,6 @@ def algo(tiny_policy_path: Path):
     algo.stop()
     ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(toy_env)
-
-
-def test_task_plan_is_a_function_of_seed_and_iteration() -> None:
-    a = task_plan(10, groups=4, group_size=3, seed=1, iteration=5)
-    assert a == task_plan(10, groups=4, group_size=3, seed=1, iteration=5)
-    assert [p.task_id for p in a] != [
-        p.task_id for p in task_plan(10, groups=4, group_size=3, seed=1, iteration=6)
-    ]
-    assert len({p.task_id for p in a}) == 4  # without replacement while N <= num_tasks
-    assert [p.member for p in a[:3]] == [0, 1, 2] and len({p.group_id for p in a}) == 4
-    assert len({p.env_seed for p in a}) == 12
-    shares = split_plan(a, 5)
-    assert sum(shares, []) == a and max(map(len, shares)) - min(map(len, shares)) <= 1
-    with pytest.raises(ValueError, match="num_tasks"):
-        task_plan(0, groups=1, group_size=1, seed=0, iteration=0)
 
 
 def test_two_runners_play_exact_groups_with_matching_advantages(algo: GAGPO) -> None:

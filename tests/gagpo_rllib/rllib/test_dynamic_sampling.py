@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from gagpo_rllib.rllib.algorithm import task_plan
 from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows, uniform_groups
-from gagpo_rllib.rllib.dynamic_sampling import EXTRA_GROUP_ID_BASE, extra_plan, fill_informative_groups
+from gagpo_rllib.rllib.dynamic_sampling import fill_informative_groups
 from gagpo_rllib.rllib.group_sampling import GroupSample
+from gagpo_rllib.rllib.plans import EXTRA_GROUP_ID_BASE, extra_plan, task_plan
 
 K = 3
 
@@ -109,29 +109,6 @@ def test_a_dropped_group_is_replaced_like_a_uniform_one() -> None:
     out = _run(plan, set(), target=4, bound=8, lost={plan[0].group_id})
     assert out.informative_groups == 4 and out.extra_groups == 1
     assert plan[0].group_id not in {e.custom_data["group_id"] for e in out.batch}
-
-
-def test_extra_plans_are_deterministic_and_never_reuse_a_group_id() -> None:
-    a = extra_plan(
-        10, groups=3, group_size=K, seed=1, iteration=5, round_index=1, first_group_id=EXTRA_GROUP_ID_BASE
-    )
-    assert a == extra_plan(
-        10, groups=3, group_size=K, seed=1, iteration=5, round_index=1, first_group_id=EXTRA_GROUP_ID_BASE
-    )
-    b = extra_plan(
-        10, groups=3, group_size=K, seed=1, iteration=5, round_index=2, first_group_id=EXTRA_GROUP_ID_BASE + 3
-    )
-    assert not {p.group_id for p in a} & {p.group_id for p in b}
-    assert not {p.env_seed for p in a} & {p.env_seed for p in b}
-    first = task_plan(10, groups=4, group_size=K, seed=1, iteration=5)
-    assert not {p.group_id for p in first} & {p.group_id for p in a}
-    assert not {p.env_seed for p in first} & {p.env_seed for p in a}
-    other_seed = extra_plan(
-        10, groups=3, group_size=K, seed=2, iteration=5, round_index=1, first_group_id=EXTRA_GROUP_ID_BASE
-    )
-    assert [p.env_seed for p in other_seed] != [p.env_seed for p in a]
-    with pytest.raises(ValueError, match="round_index"):
-        extra_plan(10, groups=1, group_size=1, seed=0, iteration=0, round_index=0, first_group_id=0)
 
 
 def test_config_validation_names_the_fields(tiny_maze_config) -> None:

@@ -236,3 +236,32 @@ def test_dump_steps_writes_every_step_and_the_table_counts_invalid_reasons(
     assert line.startswith(f"invalid steps: {sum(reasons.values())} of {len(steps)}")
     for reason, n in reasons.items():
         assert f"{reason} {n}" in line
+
+
+def test_validation_plays_whole_groups_with_trainings_fault_tolerance(
+    checkpoint: Path, tiny_policy_path: Path
+) -> None:
+    """An env error in validation is played again and its group left out, as in training; an env that always
+    fails gives training's clear error."""
+    from gagpo_rllib.rllib.group_sampling import GroupSamplingError
+    from tests.gagpo_rllib.faulty_env import FaultyCorridorEnv, set_runner_faults
+    from tests.gagpo_rllib.toy_env import make_config
+
+    config = (
+        make_config(tiny_policy_path, group_size=2, groups_per_iteration=2)
+        .environment(FaultyCorridorEnv, env_config={"max_steps": 3})
+        .fault_tolerance(max_group_attempts=2)
+    )
+    config = with_validation(config, split="eval", interval=1, settings=EvalSettings(episodes_per_task=2))
+    algo = config.build_algo()
+    try:
+        runner = algo.eval_env_runner_group.local_env_runner
+        set_runner_faults(runner, fail_step_task=1)
+        valid = algo.evaluate()["valid"]
+        # 4 tasks x 2 episodes; task 1's group fails in both attempts and is left out whole.
+        assert valid["num_episodes"] == 6 and 1 <= valid["episode_len_mean"] <= 3
+        set_runner_faults(runner, fail_always=True)
+        with pytest.raises(GroupSamplingError, match="every episode ended with an env error in 2 attempt"):
+            algo.evaluate()
+    finally:
+        algo.stop()

@@ -13,9 +13,9 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from gagpo_rllib.policy.logprobs import checkpointing
-from gagpo_rllib.rllib.algorithm import task_plan
 from gagpo_rllib.rllib.config import configure
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
+from gagpo_rllib.rllib.plans import task_plan
 from gagpo_rllib.rllib.rllib_internals import ROW_WEIGHT
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
 

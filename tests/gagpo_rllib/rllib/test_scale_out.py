@@ -20,13 +20,14 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 import tests.gagpo_rllib.toy_env as toy_env
 from gagpo_rllib.method.advantages import compute_advantages
-from gagpo_rllib.rllib.algorithm import GAGPO, task_plan
+from gagpo_rllib.rllib.algorithm import GAGPO
 from gagpo_rllib.rllib.connectors.grouped_advantages import (
     episode_rows,
     stamp_training_groups,
     uniform_groups,
 )
 from gagpo_rllib.rllib.learner import NONFINITE_SKIPPED, GAGPOTorchLearner
+from gagpo_rllib.rllib.plans import task_plan
 from gagpo_rllib.rllib.rllib_internals import ROW_WEIGHT
 from gagpo_rllib.rllib.sharding import GroupShardedTrainingData
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
