@@ -23,6 +23,8 @@ import inspect
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+from envs.protocol import STATE_KEY, check_info
+
 __all__ = [
     "FIELD",
     "STATE_KEY_CHOICES",
@@ -48,9 +50,7 @@ def normalize_text(text: Any) -> str:
 
 def env_key(info: Mapping[str, Any], episode: Any = None) -> Hashable:
     """The env's own key (env protocol: every info carries ``state_key``)."""
-    if "state_key" not in info:
-        raise KeyError(f"env info lacks 'state_key' (env protocol); got keys {sorted(info)}")
-    return info["state_key"]
+    return check_info(info, (STATE_KEY,))[STATE_KEY]
 
 
 def normalized_key(info: Mapping[str, Any], episode: Any = None) -> str:
