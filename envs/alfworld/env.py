@@ -22,8 +22,9 @@ from typing import Any
 
 import gymnasium as gym
 
-from envs.alfworld.games import BUNDLED_DATA, GameRecord, find_games, read_game
-from envs.alfworld.tasks import TASK_TYPES, task_type_from_path
+from envs.alfworld.games import BUNDLED_DATA, SPLITS, GameRecord, find_games, read_game
+from envs.alfworld.tasks import SHORT_NAMES, TASK_TYPES, task_type_from_path
+from envs.protocol import EvalTable
 from envs.spaces import TextSpace
 
 __all__ = ["AlfworldEnv", "INVALID_FEEDBACK"]
@@ -57,6 +58,11 @@ class AlfworldEnv(gym.Env):
     """One ALFWorld game per episode; see the module docstring for the config keys and the anchor state."""
 
     metadata = {"render_modes": []}
+    # Env protocol (envs/protocol.py): the papers evaluate on valid_unseen, with success per task type (Pick, Look,
+    # Clean, Heat, Cool, Pick2) and All.
+    splits = SPLITS
+    eval_split = "valid_unseen"
+    eval_table = EvalTable(name="alfworld", task_type_columns=SHORT_NAMES)
 
     def __init__(self, config: dict | None = None):
         config = dict(config or {})

@@ -21,6 +21,7 @@ import gymnasium as gym
 
 from envs.maze.key_layout import KeyMazeParams, KeyTask, build_key_tasks, key_state_graph
 from envs.maze.layout import SPLITS, Maze, MazeParams, MazeTask, build_tasks
+from envs.protocol import EvalTable
 from envs.spaces import TextSpace
 
 __all__ = ["DIFFICULTIES", "MazeEnv"]
@@ -144,6 +145,10 @@ class MazeEnv(gym.Env):
     """
 
     metadata = {"render_modes": []}
+    # Env protocol (envs/protocol.py): success per maze in evaluation's generic row.
+    splits = SPLITS
+    eval_split = "eval"
+    eval_table = EvalTable()
 
     def __init__(self, config: dict[str, Any] | None = None):
         super().__init__()

@@ -30,9 +30,10 @@ from typing import Any
 
 import gymnasium as gym
 
+from envs.protocol import EvalTable
 from envs.spaces import TextSpace
 from envs.webshop.browser import transition
-from envs.webshop.goals import FULL_SIZE_GOALS, SPLIT_SCHEMES
+from envs.webshop.goals import FULL_SIZE_GOALS, SPLIT_SCHEMES, SPLITS
 from envs.webshop.nouns import make_noun_extractor
 from envs.webshop.pages import Page, RenderedPage, render
 from envs.webshop.search_grammar import GRAMMARS, goal_search_commands, goal_search_words
@@ -122,6 +123,11 @@ class WebShopEnv(gym.Env):
     """One shopper in the shared shop; each reset plays one goal of the configured split."""
 
     metadata = {"render_modes": []}
+    # Env protocol (envs/protocol.py): the papers' row is the score (mean final task_score x 100) and success.
+    # "test" exists only under the "webshop" split scheme.
+    splits = SPLITS
+    eval_split = "eval"
+    eval_table = EvalTable(name="webshop", score=True)
 
     def __init__(self, config: dict[str, Any] | None = None):
         self.config = _check_config(config)

@@ -5,14 +5,14 @@ The episodes are played by GAGPO's own rollout path (``GAGPO.sample_groups`` on 
 parsing and decoding. A checkpoint brings its own configuration; an untrained model (the prompting baseline) takes
 the environment and decoding settings from the command line or from a tuned-example file.
 
-Layouts: ALFWorld (success per task type: Pick, Look, Clean, Heat, Cool, Pick2, All), WebShop (score = mean final
-``task_score`` x 100, success), any other env (success per ``task_type`` and All). All numbers are percentages.
+Layouts: the env class declares its own (``eval_table``, see ``envs.protocol.EvalTable``): ALFWorld's success per
+task type (Pick, Look, Clean, Heat, Cool, Pick2, All), WebShop's score (mean final ``task_score`` x 100) and
+success, any other env success per ``task_type`` and All. All numbers are percentages.
 """
 
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 import logging
 import math
@@ -30,6 +30,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
+from envs.protocol import GENERIC_TABLE, EvalTable, check_env_class
 from gagpo_rllib.policy.rl_module import ACTION_IDS, PROMPT_IDS
 from gagpo_rllib.rllib.config import GAGPOConfig, configure
 from gagpo_rllib.rllib.connectors.env_to_module import ENV_ACTION
@@ -38,7 +39,6 @@ from gagpo_rllib.rllib.group_sampling import ask_env_runner, sample_whole_groups
 from gagpo_rllib.rllib.plans import evaluation_plan, validation_seed
 
 __all__ = [
-    "ENV_ALIASES",
     "EpisodeRecord",
     "EvalReport",
     "EvalSettings",
@@ -52,7 +52,6 @@ __all__ = [
     "evaluate",
     "evaluation_plan",
     "is_checkpoint",
-    "resolve_env",
     "summarise",
     "validation_function",
     "with_validation",
@@ -63,19 +62,10 @@ logger = logging.getLogger(__name__)
 # Where an Algorithm checkpoint keeps the policy (RLlib's component path of the single module).
 MODULE_PATH = "learner_group/learner/rl_module/default_policy"
 
-ENV_ALIASES = {
-    "maze": "envs.maze:MazeEnv",
-    "alfworld": "envs.alfworld:AlfworldEnv",
-    "webshop": "envs.webshop:WebShopEnv",
-}
-# The evaluation split of each bundled env (the papers evaluate ALFWorld on valid_unseen).
-DEFAULT_EVAL_SPLIT = {"MazeEnv": "eval", "AlfworldEnv": "valid_unseen", "WebShopEnv": "eval"}
-ALFWORLD_COLUMNS = ("Pick", "Look", "Clean", "Heat", "Cool", "Pick2", "All")
-
 
 @dataclass
 class EvalSettings:
-    """What to evaluate on: split (None: the env's evaluation split), temperature, how many tasks and episodes."""
+    """What to evaluate on: split (None: the env class's eval_split), temperature, how many tasks and episodes."""
 
     split: str | None = None
     temperature: float = 0.4
@@ -117,7 +107,8 @@ class EpisodeRecord:
 
 @dataclass
 class EvalReport:
-    """Per-episode records and the table; ``layout`` is "alfworld", "webshop" or "generic"."""
+    """Per-episode records and the table; ``layout`` is the env's ``eval_table.name`` ("alfworld", "webshop") or
+    "generic"."""
 
     source: str
     env: str
@@ -133,8 +124,9 @@ class EvalReport:
     num_steps: int = 0
 
     @classmethod
-    def build(cls, episodes: list[EpisodeRecord], **meta: Any) -> EvalReport:
-        layout, table = summarise(episodes)
+    def build(cls, episodes: list[EpisodeRecord], eval_table: EvalTable, **meta: Any) -> EvalReport:
+        """The report of ``episodes`` in the layout of the env's ``eval_table`` (``check_env_class(env)``)."""
+        layout, table = summarise(episodes, eval_table)
         return cls(episodes=episodes, layout=layout, table=table, **meta)
 
     @property
@@ -213,31 +205,39 @@ class EvalReport:
         return paths
 
 
-def summarise(episodes: list[EpisodeRecord]) -> tuple[str, dict[str, float]]:
-    """(layout, table): the ALFWorld, WebShop or generic Table-1 row, in percent (NaN: no episode of a type)."""
+def summarise(episodes: list[EpisodeRecord], eval_table: EvalTable) -> tuple[str, dict[str, float]]:
+    """(layout, table): the Table-1 row of the env's ``eval_table``, in percent (NaN: no episode of a type).
+
+    The generic row (success per task type and All) when the episodes do not fit the env's layout.
+    """
+    used, table = _summary(episodes, eval_table)
+    return used.name, table
+
+
+def _summary(episodes: list[EpisodeRecord], eval_table: EvalTable) -> tuple[EvalTable, dict[str, float]]:
+    """(the layout used, its row): ``eval_table`` when the episodes fit it, else the generic one."""
     if not episodes:
         raise ValueError("no episodes to summarise")
-    from envs.alfworld.tasks import SHORT_NAMES
-
     overall = 100.0 * float(np.mean([e.won for e in episodes]))
+    columns = eval_table.task_type_columns
     types = {e.task_type for e in episodes}
-    if types <= set(SHORT_NAMES):
-        by_short: dict[str, list[bool]] = defaultdict(list)
+    if columns and types <= set(columns):
+        by_column: dict[str, list[bool]] = defaultdict(list)
         for e in episodes:
-            by_short[SHORT_NAMES[e.task_type]].append(e.won)
+            by_column[columns[e.task_type]].append(e.won)
         table = {
-            name: 100.0 * float(np.mean(by_short[name])) if by_short[name] else math.nan
-            for name in ALFWORLD_COLUMNS[:-1]
+            name: 100.0 * float(np.mean(by_column[name])) if by_column[name] else math.nan
+            for name in eval_table.columns[:-1]
         }
-        return "alfworld", {**table, "All": overall}
-    if all(e.task_score is not None for e in episodes):
+        return eval_table, {**table, "All": overall}
+    if eval_table.score and all(e.task_score is not None for e in episodes):
         score = 100.0 * float(np.mean([e.task_score for e in episodes]))
-        return "webshop", {"score": score, "success": overall}
+        return eval_table, {"score": score, "success": overall}
     by_type: dict[str, list[bool]] = defaultdict(list)
     for e in episodes:
         by_type[e.task_type].append(e.won)
     table = {name: 100.0 * float(np.mean(wins)) for name, wins in sorted(by_type.items())}
-    return "generic", {**table, "All": overall}
+    return GENERIC_TABLE, {**table, "All": overall}
 
 
 def record(episode: Any) -> EpisodeRecord:
@@ -285,20 +285,6 @@ def config_from_checkpoint(checkpoint: str | os.PathLike) -> GAGPOConfig:
     return config
 
 
-def resolve_env(name: str) -> type:
-    """An env class from an alias (maze, alfworld, webshop) or ``package.module:ClassName``."""
-    spec = ENV_ALIASES.get(name, name)
-    module_name, sep, class_name = spec.partition(":")
-    if not sep or not class_name:
-        raise ValueError(
-            f"--env must be one of {sorted(ENV_ALIASES)} or 'package.module:ClassName', got {name!r}"
-        )
-    try:
-        return getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"--env {name!r}: cannot import {spec}: {err}") from err
-
-
 def config_for_model(
     model_path: str,
     env: type | None = None,
@@ -327,7 +313,8 @@ def evaluation_config(config: GAGPOConfig, settings: EvalSettings) -> GAGPOConfi
     """``config`` set up for evaluation: the eval split, eval temperature, no reference model or critic, runners."""
     settings.validate()
     config = config.copy(copy_frozen=False)
-    split = settings.split or DEFAULT_EVAL_SPLIT.get(_env_name(config), "eval")
+    spec = check_env_class(config.env)
+    split = spec.check_split(settings.split, "EvalSettings.split") if settings.split else spec.eval_split
     env_config = {**dict(config.env_config or {}), "split": split}
     if settings.max_steps is not None:
         env_config["max_steps"] = settings.max_steps
@@ -434,10 +421,10 @@ def validation_function(settings: EvalSettings) -> Callable[[Any, Any], tuple[di
         records = [record(e) for e in sample.episodes]
         metrics: dict[tuple[str, ...], float] = {("num_episodes",): float(len(records))}
         if records:
-            layout, table = summarise(records)
-            metrics[("success",)] = table["success" if layout == "webshop" else "All"] / 100.0
+            layout, table = _summary(records, check_env_class(algorithm.config.env).eval_table)
+            metrics[("success",)] = table[layout.success_column] / 100.0
             metrics[("episode_len_mean",)] = float(np.mean([r.length for r in records]))
-            if layout == "webshop":
+            if layout.score:
                 metrics[("score",)] = table["score"]
             else:
                 metrics.update({("by_type", k): v / 100.0 for k, v in table.items() if not math.isnan(v)})
@@ -475,6 +462,7 @@ def with_validation(
     """
     if interval < 1:
         raise ValueError(f"validation interval must be >= 1, got {interval!r}")
+    check_env_class(config.env).check_split(split, "validation split")
     if num_env_runners is None:
         num_env_runners = 1 if overrides.get("backend", config.backend) == "vllm" else 0
     env_config = {**dict(config.env_config or {}), "split": split}
@@ -523,6 +511,7 @@ def evaluate(
             dumper.close()
     return EvalReport.build(
         records,
+        check_env_class(config.env).eval_table,
         source=source or (str(checkpoint) if checkpoint is not None else str(config.model_path)),
         env=_env_name(config),
         split=str(env_config["split"]),

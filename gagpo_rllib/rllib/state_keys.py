@@ -23,6 +23,7 @@ import inspect
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+from envs.protocol import STATE_KEY, check_info
 from gagpo_rllib.columns import Columns
 
 __all__ = [
@@ -50,9 +51,7 @@ def normalize_text(text: Any) -> str:
 
 def env_key(info: Mapping[str, Any], episode: Any = None) -> Hashable:
     """The env's own key (env protocol: every info carries ``state_key``)."""
-    if Columns.STATE_KEY not in info:
-        raise KeyError(f"env info lacks '{Columns.STATE_KEY}' (env protocol); got keys {sorted(info)}")
-    return info[Columns.STATE_KEY]
+    return check_info(info, (STATE_KEY,))[STATE_KEY]
 
 
 def normalized_key(info: Mapping[str, Any], episode: Any = None) -> str:

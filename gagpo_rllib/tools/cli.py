@@ -270,8 +270,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
         config_from_checkpoint,
         evaluate,
         is_checkpoint,
-        resolve_env,
     )
+    from gagpo_rllib.tools.env_names import resolve_env
     from gagpo_rllib.tools.train import init_ray, load_train_file
 
     env = resolve_env(args.env) if args.env else None
@@ -328,8 +328,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 def run_sft(args: argparse.Namespace) -> int:
     from gagpo_rllib.rllib.config import GAGPOConfig
-    from gagpo_rllib.rllib.evaluation import resolve_env
     from gagpo_rllib.tools.demonstrations import demonstrations_for
+    from gagpo_rllib.tools.env_names import resolve_env
     from gagpo_rllib.tools.sft import SFTSettings, finetune
     from gagpo_rllib.tools.train import load_train_file
 

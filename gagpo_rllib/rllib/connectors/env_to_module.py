@@ -17,6 +17,7 @@ from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.core.rl_module.rl_module import RLModule
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
+from envs.protocol import PROMPT_INFO_KEYS, check_info
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.prompting import PromptBuilder, invalid_marker
 
@@ -30,6 +31,10 @@ __all__ = [
     "single_module",
 ]
 
+# Per-step extra model outputs: the action string the environment received, whether the answer was invalid and why.
+ENV_ACTION = "env_action"
+INVALID = "invalid"
+INVALID_REASON = "invalid_reason"
 # Per-step extra model outputs: the action string the environment received, whether the answer was invalid and why
 # (gagpo_rllib.columns; kept for importers).
 ENV_ACTION = Columns.ENV_ACTION
@@ -46,12 +51,8 @@ def single_module(rl_module: RLModule) -> RLModule:
 
 
 def episode_info(episode: SingleAgentEpisode, index: int = -1) -> dict[str, Any]:
-    """The env info at observation ``index`` with the protocol's required keys checked."""
-    info = episode.get_infos(index)
-    missing = [k for k in _REQUIRED_INFO if k not in info]
-    if missing:
-        raise KeyError(f"env info lacks required key(s) {missing} (env protocol); got keys {sorted(info)}")
-    return info
+    """The env info at observation ``index`` with the keys a prompt needs checked (``envs.protocol``)."""
+    return check_info(episode.get_infos(index), PROMPT_INFO_KEYS)
 
 
 class PromptConnector(ConnectorV2):

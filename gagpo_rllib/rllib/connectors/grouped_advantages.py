@@ -36,6 +36,7 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModule
 
+from envs import protocol
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages, grouping_diagnostics
 from gagpo_rllib.method.similarity import anchor_keys
@@ -108,13 +109,12 @@ def episode_rows(episodes: Sequence, invalid_penalty: float) -> StepRows:
             info = infos[t]
             if stored is not None:
                 cols["state_key"].append(stored[t])
-            elif Columns.STATE_KEY not in info:
-                raise KeyError(
-                    f"env info at step {t} of episode {episode.id_} lacks '{Columns.STATE_KEY}' (env protocol)"
-                )
             else:
-                cols["state_key"].append(str(info[Columns.STATE_KEY]))
-            cols["admissible"].append([str(a) for a in info.get("admissible_actions", ())])
+                protocol.check_info(
+                    info, (protocol.STATE_KEY,), where=f" at step {t} of episode {episode.id_}"
+                )
+                cols["state_key"].append(str(info[protocol.STATE_KEY]))
+            cols["admissible"].append([str(a) for a in info.get(protocol.ADMISSIBLE_ACTIONS, ())])
         cols["group_id"].extend([gid] * steps)
         cols["episode_id"].extend([str(episode.id_)] * steps)
         cols["reward"].extend(rewards - invalid_penalty * invalid)

@@ -12,10 +12,10 @@ from gymnasium.utils.env_checker import check_env
 
 from envs.alfworld.env import INVALID_FEEDBACK, AlfworldEnv
 from envs.alfworld.games import read_game
+from envs.protocol import INFO_KEYS, check_info
 from envs.spaces import TextSpace
 
-PROTOCOL_KEYS = {"task", "task_id", "admissible_actions", "state_key", "won", "task_type"}
-ALFWORLD_KEYS = {"admissible_commands", "game_file"}
+ALFWORLD_KEYS = ("admissible_commands", "game_file")
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def test_reset_info_and_spaces(env):
     obs, info = env.reset(options={"task_id": 0})
     assert isinstance(env.observation_space, TextSpace) and isinstance(env.action_space, TextSpace)
     assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-")
-    assert set(info) >= PROTOCOL_KEYS | ALFWORLD_KEYS
+    check_info(info, (*INFO_KEYS, *ALFWORLD_KEYS))
     assert info["task_id"] == 0 and info["won"] is False
     assert obs.endswith(f"Your task is to: {info['task']}.")
     assert info["state_key"] == obs

@@ -11,9 +11,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from envs.maze import MazeEnv
+from envs.protocol import check_info
 from envs.spaces import TextSpace
-
-PROTOCOL_INFO_KEYS = {"task", "task_id", "admissible_actions", "state_key", "won", "task_type"}
 
 
 def solve(env: MazeEnv, task_id: int) -> list[str]:
@@ -54,12 +53,12 @@ def test_spaces_and_info_follow_protocol(env: MazeEnv) -> None:
     assert env.num_tasks == 8
     obs, info = env.reset(seed=0, options={"task_id": 3})
     assert env.observation_space.contains(obs)
-    assert set(info) >= PROTOCOL_INFO_KEYS
+    check_info(info)
     assert info["task_id"] == 3 and info["won"] is False and info["state_key"] == obs
     assert info["task"].startswith("go to the ")
     assert info["admissible_actions"] and all(a.startswith("go ") for a in info["admissible_actions"])
     _, reward, terminated, truncated, info = env.step(info["admissible_actions"][0])
-    assert set(info) >= PROTOCOL_INFO_KEYS
+    check_info(info)
     assert (reward, terminated, truncated) == (0.0, False, False)
 
 

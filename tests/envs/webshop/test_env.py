@@ -9,19 +9,10 @@ from gymnasium.utils.env_checker import check_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from envs.protocol import INFO_KEYS, check_info
 from envs.spaces import TextSpace
 from envs.webshop import WebShopEnv
 from envs.webshop.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
-
-PROTOCOL_KEYS = {
-    "task",
-    "task_id",
-    "admissible_actions",
-    "state_key",
-    "won",
-    "task_type",
-    "available_actions",
-}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +36,7 @@ def buy_goal_product(env: WebShopEnv, task_id: int, skip_options: bool = False):
 def test_protocol_on_reset(env):
     obs, info = env.reset(options={"task_id": 0})
     assert isinstance(env.observation_space, TextSpace) and env.observation_space.contains(obs)
-    assert set(info) >= PROTOCOL_KEYS
+    check_info(info, (*INFO_KEYS, "available_actions"))
     assert obs.startswith("WebShop [SEP] Instruction: [SEP] ") and obs.endswith(" [SEP] Search")
     assert info["task"] == env.goal(0)["instruction_text"] and info["task_id"] == 0
     assert info["admissible_actions"] == ["search[<your query>]"]

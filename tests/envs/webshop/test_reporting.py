@@ -93,7 +93,13 @@ def test_evaluation_table_names_provenance_and_too_many_tasks(tmp_path, caplog):
         episodes.append(record(episode))
     assert all(isinstance(e, EpisodeRecord) and e.provenance == env.provenance for e in episodes)
     report = EvalReport.build(
-        episodes, source="ckpt", env="WebShopEnv", split="eval", temperature=0.4, tasks_requested=20
+        episodes,
+        WebShopEnv.eval_table,
+        source="ckpt",
+        env="WebShopEnv",
+        split="eval",
+        temperature=0.4,
+        tasks_requested=20,
     )
     first, second = report.header().splitlines()
     assert "8 episodes on 8 tasks (20 asked: the split has only 8)" in first and second == env.provenance

@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 import ray
 
+from envs.alfworld import AlfworldEnv
 from envs.maze import MazeEnv
+from envs.protocol import GENERIC_TABLE
+from envs.webshop import WebShopEnv
 from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.policy.models import load_policy
 from gagpo_rllib.rllib.evaluation import (
@@ -23,10 +26,10 @@ from gagpo_rllib.rllib.evaluation import (
     config_for_model,
     config_from_checkpoint,
     evaluate,
+    evaluation_config,
     evaluation_plan,
     is_checkpoint,
     play,
-    resolve_env,
     summarise,
     with_validation,
 )
@@ -56,17 +59,39 @@ def test_layouts_follow_the_papers_tables() -> None:
         rec("look_at_obj_in_light", True),
         rec("pick_two_obj_and_place", False),
     ]
-    layout, table = summarise(alf)
+    layout, table = summarise(alf, AlfworldEnv.eval_table)
     assert layout == "alfworld"
     assert list(table) == ["Pick", "Look", "Clean", "Heat", "Cool", "Pick2", "All"]
     assert table["Pick"] == 50.0 and table["Look"] == 100.0 and table["Pick2"] == 0.0 and table["All"] == 50.0
     assert math.isnan(table["Clean"])  # no episode of that type: shown as "-"
-    layout, table = summarise([rec("beauty", True, score=1.0), rec("food", False, score=0.5)])
+    layout, table = summarise(
+        [rec("beauty", True, score=1.0), rec("food", False, score=0.5)], WebShopEnv.eval_table
+    )
     assert layout == "webshop" and table == {"score": 75.0, "success": 50.0}
-    layout, table = summarise([rec("maze1", True), rec("maze0", False), rec("maze0", True)])
-    assert layout == "generic" and table == {"maze0": 50.0, "maze1": 100.0, "All": pytest.approx(200 / 3)}
+    maze = [rec("maze1", True), rec("maze0", False), rec("maze0", True)]
+    generic = {"maze0": 50.0, "maze1": 100.0, "All": pytest.approx(200 / 3)}
+    assert summarise(maze, MazeEnv.eval_table) == ("generic", generic)
+    assert summarise(maze, GENERIC_TABLE) == ("generic", generic)  # an env that declares no layout
+    # Episodes that do not fit the env's layout (a task type without a column, no score) get the generic row.
+    assert summarise(maze, AlfworldEnv.eval_table) == ("generic", generic)
+    assert summarise(maze, WebShopEnv.eval_table) == ("generic", generic)
     with pytest.raises(ValueError, match="no episodes"):
-        summarise([])
+        summarise([], GENERIC_TABLE)
+
+
+def test_the_env_class_names_the_evaluation_split() -> None:
+    def split_of(env: type | str, split: str | None = None) -> str:
+        config = GAGPOConfig().environment(env).gagpo(model_path="m")
+        return evaluation_config(config, EvalSettings(split=split)).env_config["split"]
+
+    assert split_of(MazeEnv) == split_of(WebShopEnv) == "eval"
+    assert split_of(AlfworldEnv) == "valid_unseen"  # as the papers evaluate ALFWorld
+    assert split_of(AlfworldEnv, "valid_seen") == "valid_seen"
+    assert split_of("some_registered_env") == "eval"  # not a class: the protocol's default
+    with pytest.raises(ValueError, match=r"EvalSettings.split 'valid_unseen': MazeEnv has the splits"):
+        split_of(MazeEnv, "valid_unseen")
+    with pytest.raises(ValueError, match="validation split 'test'"):
+        with_validation(GAGPOConfig().environment(AlfworldEnv), split="test", interval=1)
 
 
 def test_plan_is_seeded_and_covers_the_split() -> None:
@@ -84,16 +109,13 @@ def test_plan_is_seeded_and_covers_the_split() -> None:
         evaluation_plan(0, EvalSettings())
 
 
-def test_checkpoint_config_and_env_names(checkpoint: Path, tiny_policy_path: Path) -> None:
+def test_checkpoint_config_and_cli_errors(checkpoint: Path, tiny_policy_path: Path) -> None:
     assert is_checkpoint(checkpoint) and not is_checkpoint(tiny_policy_path)
     config = config_from_checkpoint(checkpoint)
     assert isinstance(config, GAGPOConfig)
     assert (config.lam, config.group_size, config.model_path) == (0.9, 2, str(tiny_policy_path))
     with pytest.raises(FileNotFoundError, match="not an RLlib Algorithm checkpoint"):
         config_from_checkpoint(tiny_policy_path)
-    assert resolve_env("maze") is MazeEnv
-    with pytest.raises(ValueError, match="--env"):
-        resolve_env("nowhere")
     with pytest.raises(ValueError, match="needs an env"):
         config_for_model(str(tiny_policy_path))
     with pytest.raises(FileNotFoundError, match="neither an Algorithm checkpoint"):

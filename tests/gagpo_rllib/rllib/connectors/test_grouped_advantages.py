@@ -166,6 +166,15 @@ def test_missing_group_and_incomplete_episode_are_errors(module, episodes) -> No
         GroupedAdvantages()(rl_module=module, batch={}, episodes=[ep])
 
 
+def test_an_info_without_state_key_names_the_key_and_the_step(module) -> None:
+    ep = _episode(module, 0, ["a", "b", "c"], [0.0, 1.0], [False, False], seed=0)
+    del ep.get_infos(1)["state_key"]
+    with pytest.raises(
+        KeyError, match=r"env info at step 1 of episode .* lacks required key\(s\) \['state_key'\]"
+    ):
+        episode_rows([ep], invalid_penalty=0.1)
+
+
 @pytest.mark.parametrize("constrained", [False, True])
 def test_recomputed_old_logprobs_come_from_the_learner_weights(tiny_policy_path: Path, episodes, constrained):
     from gagpo_rllib.policy.logprobs import action_logprobs
