@@ -8,7 +8,8 @@ on one CPU (runs go in parallel up to ``--num-cpus``). ``--task hard`` plays the
 The benchmark runs in parts: each finished run is one CSV, ``<out>/<task>/runs/<estimator>_seed<seed>.csv``,
 skipped when present (``--force`` reruns it), so seeds and estimators can be spread over several sittings. After
 the runs, or with ``--from-csv`` alone (no training), every run CSV of the task is merged into
-``<out>/<task>/learning_curves.{csv,png,md}``: per estimator the mean success over the budget (area under the
+``<out>/<task>/learning_curves.{csv,png,md}`` and the results page ``<out>/<task>/README.md`` (``--dir``
+names another folder): per estimator the mean success over the budget (area under the
 success curve) with a 95% seeded bootstrap interval over seeds, the paired difference GAGPO - X over the shared
 seeds with its interval, and the iterations to reach 50% / 80% success (rolling mean over ``--window``).
 
@@ -430,6 +431,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-cpus", type=int, default=2, help="runs in parallel (one CPU each)")
     parser.add_argument("--window", type=int, default=5, help="rolling window for the 50%% / 80%% thresholds")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument(
+        "--dir", default=None, help="the task's results folder, with runs/ (default <out>/<task>)"
+    )
     parser.add_argument("--force", action="store_true", help="rerun runs whose CSV is already present")
     parser.add_argument(
         "--from-csv",
@@ -444,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.iterations < 1:
         parser.error(f"--iterations must be >= 1, got {args.iterations}")
-    out = Path(args.out) / args.task
+    out = Path(args.dir) if args.dir else Path(args.out) / args.task
     runs_dir = out / "runs"
     if args.missing:
         print(missing_report(runs_dir, args.task, args.iterations, args.num_cpus))
@@ -454,7 +458,15 @@ def main(argv: list[str] | None = None) -> None:
         if not paths:
             parser.error(f"--from-csv: no run CSV under {runs_dir}")
         rows = merge(paths, args.task)
-        report(rows, out, args.window, task=args.task, note=f"merged from {len(paths)} CSV file(s)")
+        command = render_command(args.task, out, args.window, [Path(p) for p in args.from_csv])
+        report(
+            rows,
+            out,
+            args.window,
+            task=args.task,
+            note=f"merged from {len(paths)} CSV file(s)",
+            command=command,
+        )
         return
 
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -504,6 +516,42 @@ def main(argv: list[str] | None = None) -> None:
         args.window,
         task=args.task,
         note=f"merged from {len(paths)} CSV file(s)",
+        command=render_command(args.task, out, args.window, []),
+    )
+
+
+def render_command(task: str, out: Path, window: int, files: list[Path]) -> str:
+    """The command that re-renders a results folder from its CSVs (paths relative to the repository when inside
+    it), so that the page it writes names its own source."""
+
+    def rel(path: Path) -> str:
+        path = path.resolve()
+        return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+    parts = ["python benchmarks/learning_curves.py", f"--task {task}", "--from-csv", *(rel(f) for f in files)]
+    if out.resolve() != (ROOT / "benchmarks" / "results" / task).resolve():
+        parts.append(f"--dir {rel(out)}")
+    if window != 5:
+        parts.append(f"--window {window}")
+    return " ".join(parts)
+
+
+def results_page(task: str, summary_md: str, timing_lines: str, command: str, out: Path) -> str:
+    """The results folder's README.md: the table written to learning_curves.md, the figure and the time per
+    iteration, with the command that wrote it (the page is generated, never edited by hand)."""
+    runs = (out / "runs").is_dir()
+    source = "the run CSVs in `runs/` (one per estimator and seed)" if runs else "the CSV the command names"
+    return (
+        f"# Learning curves: {TITLES[task]}\n\n"
+        f"Written by `benchmarks/learning_curves.py` from {source}; "
+        f"not edited by hand. To write it again from the CSVs, without training:\n\n    {command}\n\n"
+        f"{summary_md}\n"
+        f"![success vs iteration: {TITLES[task]}](learning_curves.png)\n\n"
+        "Mean wall time per iteration (generation and learner parts), from the CSVs:\n\n"
+        + "".join(f"    {line}\n" for line in timing_lines.splitlines())
+        + "\nFiles: `learning_curves.csv` (every run's rows, merged), `learning_curves.md` (the table), "
+        f"`learning_curves.png` (the figure){', `runs/` (one CSV per run)' if runs else ''}. What the figures say: "
+        f"[docs/learning.md]({os.path.relpath(ROOT / 'docs' / 'learning.md', out.resolve())}).\n"
     )
 
 
@@ -537,8 +585,11 @@ def merge(paths: list[Path], task: str) -> list[dict]:
     return rows
 
 
-def report(rows: list[dict], out: Path, window: int, *, task: str = "maze", note: str) -> None:
-    """Write the merged CSV, the PNG and the Markdown table; print the table, the timing and the paths."""
+def report(
+    rows: list[dict], out: Path, window: int, *, task: str = "maze", note: str, command: str | None = None
+) -> None:
+    """Write the merged CSV, the PNG, the Markdown table and the folder's README.md; print the table, the timing
+    and the paths."""
     out.mkdir(parents=True, exist_ok=True)
     rank = {e: i for i, e in enumerate(order(r["estimator"] for r in rows))}
     rows = sorted(rows, key=lambda r: (rank[r["estimator"]], r["seed"], r["iteration"]))
@@ -552,17 +603,23 @@ def report(rows: list[dict], out: Path, window: int, *, task: str = "maze", note
     summary, budget = summarise(rows, window)
     table = markdown_table(summary, window)
     table += dynamic_lines(rows)
-    md_path.write_text(
+    summary_md = (
         f"{TITLES[task]}, {note}, a budget of {budget} x 64 sampled episodes ({budget} iterations of 8 task "
         "instances x 8 rollouts; dynamic-sampling runs (-ds) sample more per iteration and run fewer iterations, "
         "their curves are read per 64 sampled episodes); intervals: 95% "
         f"percentile bootstrap over seeds (gagpo_rllib.method.stats); thresholds on a {window}-iteration rolling mean "
         f"('-' = not reached, (k/n) = seeds that reached it). Task: {describe_task(task)}.\n\n{table}\n"
     )
+    md_path.write_text(summary_md)
+    timing_lines = timing(rows)
+    if command is None:
+        command = render_command(task, out, window, [])
+    page_path = out / "README.md"
+    page_path.write_text(results_page(task, summary_md, timing_lines, command, out))
     print(describe_task(task))
     print(table)
-    print(timing(rows))
-    print(f"csv: {csv_path}\npng: {png_path}\ntable: {md_path}")
+    print(timing_lines)
+    print(f"csv: {csv_path}\npng: {png_path}\ntable: {md_path}\npage: {page_path}")
 
 
 if __name__ == "__main__":

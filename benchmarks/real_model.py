@@ -9,7 +9,7 @@ and WebShop scripted purchases (train splits; a reasoning line in <think>, the a
 again, and runs GAGPO iterations from the warm start on ALFWorld's train games. Everything runs with one torch
 thread (``torch_threads=1``); the warm start is sized by ``--sft-steps`` to fit a 30-minute budget on 2 cores.
 
-    python benchmarks/real_model.py                       # writes benchmarks/results/real_model.md
+    python benchmarks/real_model.py                       # writes benchmarks/results/real_model/README.md
     python benchmarks/real_model.py --quick               # a smoke run of every stage (a few minutes)
 """
 
@@ -40,7 +40,7 @@ HELD_OUT = {
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", default="/tmp/gagpo_real_model", help="scratch folder (models, dumps)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "real_model.md"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "real_model" / "README.md"))
     p.add_argument("--eval-tasks", type=int, default=8, help="held-out tasks per env")
     p.add_argument("--eval-steps", type=int, default=6, help="step limit of an evaluation episode")
     p.add_argument("--sft-steps", type=int, default=96, help="demonstrated steps per env in the warm start")

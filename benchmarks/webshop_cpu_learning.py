@@ -8,7 +8,10 @@ last 5 iterations is reported too. Per-seed JSON, then a table (``--merge`` join
 
     python benchmarks/webshop_cpu_learning.py --seeds 0 1 2
     python benchmarks/webshop_cpu_learning.py --seeds 1 --out results/ws1            # seeds in parts, then:
-    python benchmarks/webshop_cpu_learning.py --merge results/*/webshop_cpu_learning.json
+    python benchmarks/webshop_cpu_learning.py --merge results/*/webshop_cpu_learning.json --out DIR
+
+Every run, and ``--merge`` with ``--out``, writes the results page ``README.md`` into its output folder (the
+committed one: ``benchmarks/results/webshop_cpu/``).
 """
 
 from __future__ import annotations
@@ -117,6 +120,28 @@ def report(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def page(rows: list[dict], command: str) -> str:
+    """The results folder's README.md: what was measured, the table and the command that wrote it (a generated
+    page, never edited by hand)."""
+    return (
+        "# WebShop CPU default: purchase score and success before and after GAGPO, per seed\n\n"
+        f"Written by `benchmarks/webshop_cpu_learning.py`; not edited by hand. To write it again:\n\n    {command}\n\n"
+        "The CPU default of `tuned_examples/gagpo_webshop.py` without a model (tiny random-init policy, "
+        "constrained decoding with search_grammar 'goal_prefix', reward_mode 'score'), on the bundled catalogue. "
+        "Score and success in percent, at temperature 0.4 on the first eval goals and the first train goals, "
+        "before and after GAGPO; rollout score: the training rollouts' mean purchase score of the first and the "
+        "last 5 iterations; seconds: the seed's wall time.\n\n"
+        f"{report(rows)}\n"
+    )
+
+
+def write_page(rows: list[dict], out: Path, command: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "README.md"
+    path.write_text(page(rows, command))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -124,15 +149,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-tasks", type=int, default=24, help="eval goals evaluated before and after")
     parser.add_argument("--train-tasks", type=int, default=24, help="train goals evaluated before and after")
     parser.add_argument(
-        "--merge", type=Path, nargs="+", default=None, help="no training: table of these JSONs"
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="no training: table of these JSONs (with --out: also write its README.md there)",
     )
     parser.add_argument("--num-cpus", type=int, default=2)
-    parser.add_argument("--out", default="results/webshop_cpu_learning")
+    parser.add_argument("--out", default=None, help="output folder (default results/webshop_cpu_learning)")
     args = parser.parse_args(argv)
     if args.merge:
         rows = [r for path in args.merge for r in json.loads(path.read_text())["seeds"]]
-        print(report(sorted(rows, key=lambda r: r["seed"])))
+        rows = sorted(rows, key=lambda r: r["seed"])
+        print(report(rows))
+        if args.out is not None:
+            files = " ".join(str(p) for p in args.merge)
+            command = f"python benchmarks/webshop_cpu_learning.py --merge {files} --out {args.out}"
+            print(f"wrote {write_page(rows, Path(args.out), command)}")
         return 0
+    if args.out is None:
+        args.out = "results/webshop_cpu_learning"
     from gagpo_rllib.tools.train import init_ray
 
     example = runpy.run_path(str(EXAMPLE), run_name="webshop_cpu_learning")
@@ -145,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         rows.append(run_seed(example, seed, args, out))
         (out / "webshop_cpu_learning.json").write_text(json.dumps({"seeds": rows}, indent=1))
-    table = report(rows)
-    (out / "table.md").write_text(table + "\n")
-    print(table)
+    print(report(rows))
+    command = f"python benchmarks/webshop_cpu_learning.py --merge {args.out}/webshop_cpu_learning.json --out {args.out}"
+    print(f"wrote {write_page(rows, out, command)}")
     return 0
 
 
