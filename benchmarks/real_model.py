@@ -70,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def eval_config(model: str, env_name: str, args: argparse.Namespace):
-    from gagpo_rllib.rllib.evaluation import config_for_model, resolve_env
+    from gagpo_rllib.rllib.evaluation import config_for_model
+    from gagpo_rllib.tools.env_names import resolve_env
 
     spec, _ = HELD_OUT[env_name]
     return config_for_model(
@@ -148,8 +149,8 @@ def measure(model: str, label: str, args: argparse.Namespace, work: Path) -> dic
 def warm_start(base: str, args: argparse.Namespace, work: Path) -> tuple[str, list[dict]]:
     """Format warm start: ALFWorld walkthroughs, then WebShop purchases, free-form with a reasoning line."""
     from gagpo_rllib import GAGPOConfig
-    from gagpo_rllib.rllib.evaluation import resolve_env
     from gagpo_rllib.tools.demonstrations import demonstrations_for
+    from gagpo_rllib.tools.env_names import resolve_env
     from gagpo_rllib.tools.sft import SFTSettings, finetune
 
     logs = []
