@@ -4,8 +4,8 @@ Run ``python tuned_examples/gagpo_builtin.py`` (or ``rllib train file tuned_exam
 training starts it builds (cached) a tiny random-init Qwen2-style policy with a tokenizer trained on the maze's own
 texts (no download), trains until 80% of an iteration's rollouts succeed, the iteration budget is spent or success
 has plateaued (its 5-iteration mean has not risen for ``PLATEAU_PATIENCE`` iterations), prints one progress line
-per iteration, then why it stopped and where the results and the checkpoint are. Settings follow ``shared/notes/cpu-learning.md``: 8 task
-instances x 8 rollouts per iteration, lr 5e-4, entropy bonus 0.01, one epoch in minibatches of 512 steps.
+per iteration, then why it stopped and where the results and the checkpoint are. Settings: 8 task instances x 8
+rollouts per iteration, lr 5e-4, entropy bonus 0.01, one epoch in minibatches of 512 steps.
 """
 
 from __future__ import annotations

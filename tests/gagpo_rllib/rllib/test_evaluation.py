@@ -81,7 +81,7 @@ def test_layouts_follow_the_papers_tables() -> None:
 
 def test_the_env_class_names_the_evaluation_split() -> None:
     def split_of(env: type | str, split: str | None = None) -> str:
-        config = GAGPOConfig().environment(env).gagpo(model_path="m")
+        config = GAGPOConfig().environment(env).llm(model_path="m")
         return evaluation_config(config, EvalSettings(split=split)).env_config["split"]
 
     assert split_of(MazeEnv) == split_of(WebShopEnv) == "eval"
