@@ -196,7 +196,7 @@ def test_clipped_value_loss_and_explained_variance() -> None:
 def ppo_run(tiny_maze_config, tmp_path_factory: pytest.TempPathFactory):
     """Two PPO iterations on the maze, with the first iteration's episodes and the critic's error on them before
     and after training (lam = 1: the value targets are the returns-to-go, whatever the critic), and a checkpoint."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     # Seed 1: with seed 0 the untrained critic's error on these prompts is already at its floor (MSE 0.018 vs
     # 0.18-0.62 for seeds 1-3, which all fall by 20% or more within two iterations), so there is nothing to learn.
     config = tiny_maze_config(**PPO).debugging(seed=1)

@@ -65,7 +65,7 @@ def _full_weights(learner) -> dict[str, torch.Tensor]:
 def algo(tiny_policy_path: Path):
     ray.cloudpickle.register_pickle_by_value(toy_env)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = (
         make_config(tiny_policy_path, group_size=K, groups_per_iteration=N, learner_sharding="fsdp")
         .learners(num_learners=2)

@@ -26,7 +26,7 @@ RATIO_TOLERANCE = 1e-6  # README: "ratio 1 within 1e-6" on CPU in float32
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

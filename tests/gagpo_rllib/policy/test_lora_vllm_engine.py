@@ -28,7 +28,7 @@ pytestmark = pytest.mark.vllm_engine
 
 @pytest.fixture(scope="module")
 def ray_cluster(real_vllm):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -44,7 +44,7 @@ def algo(tiny_policy_path: Path):
     ray.cloudpickle.register_pickle_by_value(
         toy_env
     )  # the EnvRunner processes cannot import the tests folder
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = make_config(tiny_policy_path, num_env_runners=2, group_size=K, groups_per_iteration=N)
     algo = config.build_algo()
     yield algo

@@ -22,7 +22,7 @@ from tests.gagpo_rllib.toy_env import make_config
 @pytest.fixture(scope="module")
 def ray_session():
     ray.cloudpickle.register_pickle_by_value(toy_env)  # the EnvRunner processes cannot import tests/
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(toy_env)

@@ -123,7 +123,7 @@ def test_config_validation_names_the_fields(tiny_maze_config) -> None:
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

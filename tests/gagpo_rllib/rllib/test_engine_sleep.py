@@ -26,6 +26,7 @@ def ray_cluster():
     # Remote EnvRunners import the stand-in too (the driver puts it on its sys.path per test).
     path = os.pathsep.join([str(FAKES), str(REPO), os.environ.get("PYTHONPATH", "")])
     ray.init(
+        address="local",
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,

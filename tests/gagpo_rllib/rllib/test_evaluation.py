@@ -39,7 +39,7 @@ from gagpo_rllib.tools.cli import main
 @pytest.fixture(scope="module")
 def checkpoint(tiny_maze_config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A GAGPO checkpoint after one training iteration on the maze."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = tiny_maze_config(lam=0.9).build_algo()
     algo.train()
     path = Path(algo.save_to_path(str(tmp_path_factory.mktemp("ckpt") / "checkpoint_000000")))

@@ -34,7 +34,7 @@ K, N, ATTEMPTS = 2, 3, 3
 def algo(tiny_policy_path: Path):
     for module in (toy_env, faulty_env):
         ray.cloudpickle.register_pickle_by_value(module)  # the EnvRunner processes cannot import tests/
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = (
         make_config(tiny_policy_path, num_env_runners=2, group_size=K, groups_per_iteration=N)
         .environment(FaultyCorridorEnv, env_config={"max_steps": 4})

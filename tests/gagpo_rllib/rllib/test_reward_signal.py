@@ -77,7 +77,7 @@ def test_an_update_without_signal_is_warned_about(tiny_maze_config, caplog) -> N
     """Free-form answers from the random-init policy are all invalid: the iteration warns and logs the shares."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         algo = tiny_maze_config(constrained_decoding=False, max_steps=2).build_algo()
         try:

@@ -90,7 +90,7 @@ def algo(tiny_policy_path: Path):
     # The learner processes cannot import the tests folder.
     ray.cloudpickle.register_pickle_by_value(toy_env)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = (
         # Small chunks: every step runs several forward/backward chunks on each learner.
         make_config(

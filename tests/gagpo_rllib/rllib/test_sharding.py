@@ -160,7 +160,7 @@ def two_gpu_cluster():
     """A Ray cluster that declares 2 GPUs (logical: the placement arithmetic, not a device)."""
     import ray
 
-    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -29,7 +29,7 @@ def test_driver_process_gets_the_main_process_share(keep_threads) -> None:
 
 
 def test_remote_runner_and_local_learner_set_their_threads(tiny_maze_config, keep_threads) -> None:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         # The override on a remote EnvRunner (1 CPU from Ray) and on the learner in this process.
         torch.set_num_threads(1)

@@ -26,7 +26,7 @@ CFG = SamplingConfig(max_new_tokens=10)
 
 @pytest.fixture(scope="module")
 def ray_cluster(real_vllm):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -12,7 +12,7 @@ from gagpo_rllib.rllib.weight_sync import publish_weights, state_nbytes
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

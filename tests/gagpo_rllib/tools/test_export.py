@@ -20,7 +20,7 @@ from gagpo_rllib.tools.export import export_checkpoint, read_module_checkpoint
 @pytest.fixture(scope="module")
 def checkpoint(tiny_maze_config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A GAGPO checkpoint after one training iteration on the maze (weights moved away from the base)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = tiny_maze_config(eval_temperature=0.3)
     algo = config.build_algo()
     algo.train()

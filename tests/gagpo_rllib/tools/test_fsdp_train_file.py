@@ -26,7 +26,7 @@ def ray_session():
     # Tune's trial: one CPU for the Algorithm and one per learner.
     ray.cloudpickle.register_pickle_by_value(toy_env)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
