@@ -17,6 +17,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 __all__ = [
+    "LAYOUTS",
     "action_logprobs",
     "cache_keyword",
     "checkpointing",
@@ -27,7 +28,20 @@ __all__ = [
     "prompt_cache",
     "scaled_logprobs",
     "shared_prompt_logprobs",
+    "slice_tokens_for",
+    "token_scores",
 ]
+
+# How a chunk's rows are laid out for the forward (see ``action_logprobs``).
+LAYOUTS = ("rows", "varlen")
+
+# Bytes of float32 logits per slice of the LM head (``token_scores``): 256 MiB, ~440 tokens at Qwen2.5's vocabulary.
+_SLICE_BYTES = 256 * 2**20
+
+
+def slice_tokens_for(vocab: int) -> int:
+    """Tokens per LM-head slice for a vocabulary of ``vocab`` words: float32 logits of ~256 MiB."""
+    return max(64, _SLICE_BYTES // (4 * max(1, int(vocab))))
 
 
 def scaled_logprobs(
@@ -68,36 +82,60 @@ def action_logprobs(
     temperature: float = 1.0,
     allowed_masks: list[Tensor | None] | None = None,
     with_entropy: bool = False,
+    layout: str = "rows",
+    slice_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Log-probs of each action token: returns (logp [B, M], mask [B, M], entropy [B, M] or None).
 
-    Prompts are left-padded, actions right-padded; position ids are cumsum(attention_mask) - 1 as in generate.
+    Each row is its prompt followed by its action, with positions 0..n-1 (those of generation). ``layout``:
+    ``"rows"`` right-pads the rows to the longest (padding = what sorting by total length leaves), ``"varlen"``
+    packs them into one sequence whose positions restart at each row (no padding at all; Hugging Face turns that
+    into varlen attention under flash attention and a block-causal mask under sdpa). The LM head runs only at the
+    positions that predict an action token, in slices (``token_scores``), never on a [rows, length, vocab] tensor.
     ``allowed_masks[b]`` ([m_b, V] bool, or None) restricts the softmax to the allowed set at each position.
     """
     _check_rows(prompt_ids, action_ids, allowed_masks, rows=prompt_ids, rows_name="prompt_ids")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     device = next(model.parameters()).device
-    bsz = len(prompt_ids)
-    plen = max(len(p) for p in prompt_ids)
-    alen = max(len(a) for a in action_ids)
-    input_ids = torch.full((bsz, plen + alen), int(pad_token_id), dtype=torch.long)
-    attn = torch.zeros((bsz, plen + alen), dtype=torch.long)
-    for b, (p, a) in enumerate(zip(prompt_ids, action_ids, strict=True)):
-        input_ids[b, plen - len(p) : plen] = torch.as_tensor(p, dtype=torch.long)
-        input_ids[b, plen : plen + len(a)] = torch.as_tensor(a, dtype=torch.long)
-        attn[b, plen - len(p) : plen + len(a)] = 1
-    position_ids = padded_positions(attn)
-    targets = input_ids[:, plen:].to(device)
-    mask = attn[:, plen:].to(device=device, dtype=torch.float32)
-
-    out = model(
-        input_ids=input_ids.to(device),
-        attention_mask=attn.to(device),
-        position_ids=position_ids.to(device),
-        logits_to_keep=alen + 1,
-        use_cache=False,
+    rows = [list(p) + list(a) for p, a in zip(prompt_ids, action_ids, strict=True)]
+    lengths = [len(r) for r in rows]
+    if layout == "varlen":
+        input_ids = torch.as_tensor([t for r in rows for t in r], dtype=torch.long).unsqueeze(0)
+        position_ids = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+        attn = None
+        starts = torch.as_tensor(lengths).cumsum(0) - torch.as_tensor(lengths)
+    else:
+        width = max(lengths)
+        input_ids = torch.full((len(rows), width), int(pad_token_id), dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, r in enumerate(rows):
+            input_ids[b, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+            attn[b, : len(r)] = 1
+        position_ids = padded_positions(attn)
+        starts = torch.arange(len(rows)) * width
+    # flat position of the token that predicts action token k of row b: start_b + len(prompt_b) - 1 + k
+    predictors = torch.cat(
+        [
+            s + len(p) - 1 + torch.arange(len(a))
+            for s, p, a in zip(starts.tolist(), prompt_ids, action_ids, strict=True)
+        ]
     )
-    logits = out.logits[:, :-1, :]  # position plen-1+k predicts action token k
-    return _masked_scores(logits, targets, mask, allowed_masks, action_ids, temperature, with_entropy)
+    targets = torch.cat([torch.as_tensor(a, dtype=torch.long) for a in action_ids])
+    kwargs: dict[str, Any] = {"input_ids": input_ids.to(device), "position_ids": position_ids.to(device)}
+    if attn is not None:
+        kwargs["attention_mask"] = attn.to(device)
+    return _scored_forward(
+        model,
+        kwargs,
+        predictors,
+        targets,
+        action_ids,
+        allowed_masks,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        slice_tokens=slice_tokens,
+    )
 
 
 def shared_prompt_logprobs(
@@ -110,6 +148,7 @@ def shared_prompt_logprobs(
     temperature: float = 1.0,
     allowed_masks: list[Tensor | None] | None = None,
     with_entropy: bool = False,
+    slice_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """``action_logprobs`` of rows whose prompts may repeat: each distinct prompt is forwarded once.
 
@@ -133,16 +172,25 @@ def shared_prompt_logprobs(
     # left padding puts every prompt's last token in the last column; it predicts action token 0
     last = input_ids[:, -1:].index_select(0, rows)
     start = attn.sum(-1).index_select(0, rows).unsqueeze(1) - 1
-    out = model(
-        input_ids=torch.cat([last, targets[:, : alen - 1]], dim=1).to(device),
-        attention_mask=row_attn.to(device),
-        position_ids=(start + torch.arange(alen)).to(device),
-        use_cache=True,
+    kwargs = {
+        "input_ids": torch.cat([last, targets[:, : alen - 1]], dim=1).to(device),
+        "attention_mask": row_attn.to(device),
+        "position_ids": (start + torch.arange(alen)).to(device),
+        "use_cache": True,
         **prompt_cache(model, input_ids.to(device), attn.to(device), rows=rows.to(device)),
-    )
-    mask = action_mask.to(device=device, dtype=torch.float32)
-    return _masked_scores(
-        out.logits, targets.to(device), mask, allowed_masks, action_ids, temperature, with_entropy
+    }
+    predictors = torch.cat([b * alen + torch.arange(len(a)) for b, a in enumerate(action_ids)])
+    flat_targets = torch.cat([torch.as_tensor(a, dtype=torch.long) for a in action_ids])
+    return _scored_forward(
+        model,
+        kwargs,
+        predictors,
+        flat_targets,
+        action_ids,
+        allowed_masks,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        slice_tokens=slice_tokens,
     )
 
 
@@ -216,30 +264,6 @@ def last_mlp_only_on_last_column(model: torch.nn.Module, *, keep_last: bool = Tr
         layer.mlp = mlp
 
 
-def _allowed_tensor(
-    allowed_masks: list[Tensor | None] | None,
-    action_ids: list[list[int]],
-    bsz: int,
-    alen: int,
-    vocab: int,
-    device: torch.device,
-) -> Tensor | None:
-    """The per-row allowed masks as one [B, alen, V] bool tensor (None when no row is constrained)."""
-    if allowed_masks is None or all(m is None for m in allowed_masks):
-        return None
-    allowed = torch.zeros((bsz, alen, vocab), dtype=torch.bool, device=device)
-    for b, m in enumerate(allowed_masks):
-        if m is None:
-            allowed[b] = True
-            continue
-        if m.shape != (len(action_ids[b]), vocab):
-            raise ValueError(
-                f"allowed_masks[{b}]: shape {tuple(m.shape)}, expected ({len(action_ids[b])}, {vocab})"
-            )
-        allowed[b, : m.shape[0]] = m.to(device)
-    return allowed
-
-
 def padded_positions(attention_mask: Tensor) -> Tensor:
     """Position ids of left-padded rows, cumsum(mask) - 1 (0 on padding): generation, the learner and the critic
     all use these, so a prompt's positions do not depend on how much padding its batch gave it."""
@@ -305,22 +329,263 @@ def _check_rows(
             raise ValueError(f"action_ids[{b}]: empty action")
 
 
-def _masked_scores(
-    logits: Tensor,
+def _scored_forward(
+    model: PreTrainedModel,
+    kwargs: dict[str, Any],
+    predictors: Tensor,
     targets: Tensor,
-    mask: Tensor,
-    allowed_masks: list[Tensor | None] | None,
     action_ids: list[list[int]],
+    allowed_masks: list[Tensor | None] | None,
+    *,
     temperature: float,
     with_entropy: bool,
+    slice_tokens: int | None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(logp, mask, entropy) of the action tokens from their logits [B, alen, V], zero where ``mask`` is 0."""
-    bsz, alen, vocab = logits.shape
-    allowed = _allowed_tensor(allowed_masks, action_ids, bsz, alen, vocab, logits.device)
-    logp, entropy = scaled_logprobs(
-        logits, targets, temperature=temperature, allowed=allowed, with_entropy=with_entropy
+    """Run ``model(**kwargs)`` with its LM head replaced by ``token_scores`` at the flat positions ``predictors``
+    (row-major over the forward's [batch, length]); returns (logp, mask, entropy) as [B, M] right-padded."""
+    device = next(model.parameters()).device
+    head = model.get_output_embeddings()
+    vocab = int(head.weight.shape[0])
+    allowed = _flat_allowed(allowed_masks, action_ids, vocab, device)
+    predictors, targets = predictors.to(device), targets.to(device)
+    score = functools.partial(
+        token_scores,
+        targets=targets,
+        allowed=allowed,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        slice_tokens=slice_tokens or slice_tokens_for(vocab),
     )
-    logp = logp * mask
-    if entropy is not None:
-        entropy = entropy * mask
-    return logp, mask, entropy
+    kwargs = {"use_cache": False, **kwargs}
+    slot = _head_slot(model, head)
+    if slot is None:  # a head we cannot stand in for: full logits, gathered at the predictors
+        logits = model(**kwargs).logits
+        logp, entropy = scaled_logprobs(
+            logits.reshape(-1, logits.shape[-1]).index_select(0, predictors),
+            targets,
+            temperature=temperature,
+            allowed=allowed,
+            with_entropy=with_entropy,
+        )
+    else:
+        parent, name = slot
+        setattr(parent, name, _ScoringHead(head, predictors, score))
+        try:
+            scores = model(**kwargs).logits
+        finally:
+            setattr(parent, name, head)
+        logp = scores[:, 0]
+        entropy = scores[:, 1] if with_entropy else None
+    lengths = torch.as_tensor([len(a) for a in action_ids], device=device)
+    width = int(lengths.max())
+    mask = (torch.arange(width, device=device) < lengths.unsqueeze(1)).float()
+    flat = mask.flatten().nonzero().squeeze(1)
+
+    def padded(values: Tensor) -> Tensor:
+        out = values.new_zeros(mask.numel()).index_put((flat,), values.float())
+        return out.view(mask.shape)
+
+    return padded(logp), mask, padded(entropy) if entropy is not None else None
+
+
+def _flat_allowed(
+    allowed_masks: list[Tensor | None] | None, action_ids: list[list[int]], vocab: int, device: torch.device
+) -> Tensor | None:
+    """The per-row allowed masks as one [action tokens, V] bool tensor (None when no row is constrained)."""
+    if allowed_masks is None or all(m is None for m in allowed_masks):
+        return None
+    parts = []
+    for b, (m, a) in enumerate(zip(allowed_masks, action_ids, strict=True)):
+        if m is None:
+            parts.append(torch.ones((len(a), vocab), dtype=torch.bool))
+            continue
+        if tuple(m.shape) != (len(a), vocab):
+            raise ValueError(f"allowed_masks[{b}]: shape {tuple(m.shape)}, expected ({len(a)}, {vocab})")
+        parts.append(m.to("cpu", torch.bool))
+    return torch.cat(parts).to(device)
+
+
+def _head_slot(model: torch.nn.Module, head: torch.nn.Module) -> tuple[torch.nn.Module, str] | None:
+    """(parent module, attribute) holding the LM head, when ``token_scores`` can stand in for it: a plain
+    bias-free ``Linear`` whose output the model returns as it is (no final logit soft-capping)."""
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    if getattr(getattr(model, "config", None), "final_logit_softcapping", None):
+        return None
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if child is head:
+                return parent, name
+    return None
+
+
+class _ScoringHead(torch.nn.Module):
+    """Stands in for the LM head during one forward: hidden states at the predictor positions -> [N, 1 or 2]
+    (log-prob, entropy). It calls the head's own weight inside the model's forward, so FSDP has it unsharded."""
+
+    def __init__(self, head: torch.nn.Linear, predictors: Tensor, score: Any):
+        super().__init__()
+        self.head = head
+        self.predictors = predictors
+        self.score = score
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, self.predictors)
+        logp, entropy = self.score(flat, self.head.weight)
+        return torch.stack([logp, entropy], -1) if entropy is not None else logp.unsqueeze(-1)
+
+
+def token_scores(
+    hidden: Tensor,
+    weight: Tensor,
+    *,
+    targets: Tensor,
+    allowed: Tensor | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    slice_tokens: int = 1024,
+) -> tuple[Tensor, Tensor | None]:
+    """``scaled_logprobs`` of ``hidden @ weight.T`` at ``targets``, computed ``slice_tokens`` rows at a time.
+
+    hidden [N, H], weight [V, H], targets [N], allowed bool [N, V] or None. No [N, V] tensor exists at any time:
+    the forward keeps one slice's logits and one float copy of them; the backward recomputes each slice's logits
+    and turns them into their gradient in place, d logp_t / d x = onehot(t) - p and
+    d H / d x = -p (log p + H), with x = logits / T. The matmuls run in the autocast dtype when autocast is on.
+    """
+    device_type = hidden.device.type
+    compute = (
+        torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
+    )
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        out = _TokenScores.apply(
+            hidden,
+            weight,
+            targets,
+            allowed,
+            float(temperature),
+            int(slice_tokens),
+            bool(with_entropy),
+            compute,
+        )
+        return out[0], out[1] if with_entropy else None
+    with torch.no_grad():
+        logp, entropy = _scores_forward(
+            hidden,
+            weight,
+            targets,
+            allowed,
+            float(temperature),
+            int(slice_tokens),
+            bool(with_entropy),
+            compute,
+        )
+    return logp, entropy
+
+
+def _slice_scaled(
+    h: Tensor, weight: Tensor, allowed: Tensor | None, temperature: float, compute: torch.dtype
+) -> tuple[Tensor, Tensor | None]:
+    """One slice's float32 logits / T with disallowed words at -inf (a single [n, V] float tensor), and the
+    slice's allowed mask (rows with no allowed word count as unconstrained, as in ``scaled_logprobs``)."""
+    with torch.autocast(h.device.type, enabled=False):
+        logits = torch.nn.functional.linear(h.to(compute), weight.to(compute))
+    x = logits.float()
+    del logits
+    if temperature != 1.0:
+        x.div_(temperature)
+    if allowed is not None:
+        allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
+        x.masked_fill_(~allowed, float("-inf"))
+    return x, allowed
+
+
+def _scores_forward(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    allowed: Tensor | None,
+    temperature: float,
+    slice_tokens: int,
+    with_entropy: bool,
+    compute: torch.dtype,
+) -> tuple[Tensor, Tensor | None]:
+    n = hidden.shape[0]
+    logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    entropy = torch.empty(n, dtype=torch.float32, device=hidden.device) if with_entropy else None
+    for s in range(0, n, slice_tokens):
+        e = min(n, s + slice_tokens)
+        x, keep = _slice_scaled(
+            hidden[s:e], weight, None if allowed is None else allowed[s:e], temperature, compute
+        )
+        lse = torch.logsumexp(x, dim=-1)
+        logp[s:e] = x.gather(-1, targets[s:e].unsqueeze(-1)).squeeze(-1) - lse
+        if entropy is not None:
+            # H = lse - sum_v p_v x_v, over the allowed words (p_v = 0 elsewhere, where x_v is set to 0)
+            p = torch.exp(x - lse.unsqueeze(-1))
+            if keep is not None:
+                x.masked_fill_(~keep, 0.0)
+            entropy[s:e] = lse - torch.bmm(p.unsqueeze(1), x.unsqueeze(2)).view(-1)
+            del p
+        del x
+    return logp, entropy
+
+
+class _TokenScores(torch.autograd.Function):
+    """``token_scores`` with grad: saves the inputs only; the backward recomputes slice by slice."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, allowed, temperature, slice_tokens, with_entropy, compute):
+        logp, entropy = _scores_forward(
+            hidden, weight, targets, allowed, temperature, slice_tokens, with_entropy, compute
+        )
+        ctx.save_for_backward(hidden, weight, targets, allowed, entropy)
+        ctx.settings = (temperature, slice_tokens, with_entropy, compute)
+        return logp, entropy if entropy is not None else logp.new_zeros(0)
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, targets, allowed, entropy = ctx.saved_tensors
+        temperature, slice_tokens, with_entropy, compute = ctx.settings
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        w = weight.to(compute)
+        n = hidden.shape[0]
+        for s in range(0, n, slice_tokens):
+            e = min(n, s + slice_tokens)
+            h = hidden[s:e].to(compute)
+            x, keep = _slice_scaled(
+                h, weight, None if allowed is None else allowed[s:e], temperature, compute
+            )
+            x.sub_(torch.logsumexp(x, dim=-1, keepdim=True))  # log p
+            p = torch.exp(x)
+            g1 = grad_logp[s:e].float().unsqueeze(-1)
+            if with_entropy and grad_entropy is not None:
+                # x <- -p * (g_logp + g_H * (log p + H)): the softmax terms of both gradients
+                x.add_(entropy[s:e].unsqueeze(-1)).mul_(grad_entropy[s:e].float().unsqueeze(-1)).add_(g1)
+                x.mul_(p).neg_()
+                if keep is not None:
+                    x.masked_fill_(~keep, 0.0)
+                del p
+            else:
+                x = p.mul_(g1).neg_()
+            x.scatter_add_(-1, targets[s:e].unsqueeze(-1), g1)
+            if temperature != 1.0:
+                x.div_(temperature)
+            g = x.to(compute)
+            del x
+            with torch.autocast(hidden.device.type, enabled=False):
+                if need_h:
+                    grad_h[s:e] = (g @ w).to(hidden.dtype)
+                if need_w:
+                    grad_w += (g.t() @ h).float()
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if need_w else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )

@@ -38,7 +38,7 @@ from ray.rllib.utils.numpy import convert_to_numpy
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.distributed import agree_max
 from gagpo_rllib.policy.generation.base import GenerationBackend, SamplingConfig
-from gagpo_rllib.policy.logprobs import action_logprobs, checkpointing, shared_prompt_logprobs
+from gagpo_rllib.policy.logprobs import LAYOUTS, action_logprobs, checkpointing, shared_prompt_logprobs
 from gagpo_rllib.policy.lora import (
     VLLM_LORA_RANKS,
     adapters_disabled,
@@ -48,7 +48,7 @@ from gagpo_rllib.policy.lora import (
 )
 from gagpo_rllib.policy.models import load_policy
 from gagpo_rllib.policy.reference_cache import ReferenceLogprobCache
-from gagpo_rllib.policy.unique_rows import back_in_order, length_chunks, row_keys, unique_rows
+from gagpo_rllib.policy.unique_rows import back_in_order, row_keys, row_keys_of, token_chunks, unique_rows
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +175,17 @@ class LLMRLModule(TorchRLModule):
             raise ValueError(
                 f"model_config['train_chunk_tokens'] must be >= 1, got {self.train_chunk_tokens}"
             )
+        # How a chunk's rows are laid out (``action_logprobs``): packed ("varlen") where the attention kernel
+        # takes packed sequences (flash attention), else right-padded rows sorted by total length.
+        self.layout = cfg.get("layout") or (
+            "varlen" if self.model is not None and _varlen_attention(self.model) else "rows"
+        )
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"model_config['layout'] must be one of {LAYOUTS}, got {self.layout!r}")
+        # LM-head slice (``token_scores``): None sizes it from the vocabulary.
+        self.slice_tokens = cfg.get("slice_tokens")
+        # Forward a prompt shared by several rows once, through the KV cache (off under checkpointing and FSDP).
+        self.share_prompts = bool(cfg.get("share_prompts", True))
         self.reference_cache = ReferenceLogprobCache(int(cfg.get("reference_cache_rows", 100_000)))
         # Seconds spent in the backend so far (EnvRunners report the time split per iteration from it).
         self.generation_time_s = 0.0
@@ -285,23 +296,23 @@ class LLMRLModule(TorchRLModule):
         return torch.autocast(device_type=device.type, dtype=self.dtype)
 
     def train_chunks(self, batch: dict[str, Any]) -> list[np.ndarray]:
-        """The learner's chunks of a minibatch: batch row indices per length-sorted chunk of distinct prompts of
-        at most ``train_chunk_tokens`` padded tokens (all rows of a prompt in one chunk, so repeats and shared
-        prompts are still forwarded once). ``forward_train`` of one chunk's rows runs one forward."""
+        """The learner's chunks of a minibatch: batch row indices per chunk of at most ``train_chunk_tokens``
+        tokens, prompt and answer counted (``token_chunks``: rows sorted by total length, so padding is what
+        neighbouring lengths leave). All rows of a prompt share a chunk, so repeats and shared prompts are still
+        forwarded once. ``forward_train`` of one chunk's rows runs one forward."""
         prompt_ids = _numpy(batch[Columns.PROMPT_IDS])
         width = prompt_ids.shape[1]
-        prompts = [
-            tuple(prompt_ids[i, width - n :].tolist())
-            for i, n in enumerate(_numpy(batch[Columns.PROMPT_LEN]))
-        ]
+        prompt_len = _numpy(batch[Columns.PROMPT_LEN]).tolist()
+        action_len = _numpy(batch[Columns.ACTION_LEN]).tolist()
+        prompts = [tuple(prompt_ids[i, width - n :].tolist()) for i, n in enumerate(prompt_len)]
         shared = unique_rows(prompts)
         rows_of: list[list[int]] = [[] for _ in shared.index]
         for row, j in enumerate(shared.inverse.tolist()):
             rows_of[j].append(row)
-        lengths = [len(prompts[i]) for i in shared.index]
+        units = [(len(rows), max(prompt_len[r] + action_len[r] for r in rows)) for rows in rows_of]
         return [
             np.array(sorted(r for j in chunk for r in rows_of[j]), dtype=np.int64)
-            for chunk in length_chunks(lengths, self.train_chunk_tokens)
+            for chunk in token_chunks(units, self.train_chunk_tokens)
         ]
 
     def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
@@ -333,17 +344,62 @@ class LLMRLModule(TorchRLModule):
             Columns.ENTROPY: entropy[inverse],
             Columns.UNIQUE_ROW_SHARE: torch.tensor(uniq.share),
         }
-        if self.reference_is_base:
-            ref_logp, hit_share = self._reference_logprobs(uniq.keys, prompts, actions, masks, width)
-            out[Columns.REF_LOGP] = ref_logp[inverse]
-            out[Columns.REFERENCE_CACHE_HIT_SHARE] = torch.tensor(hit_share)
-        elif self._reference is not None:
-            if next(self._reference.parameters()).device != logp.device:
-                self._reference.to(logp.device)
+        if Columns.REF_LOGP in batch:  # from the update's no-grad pass (``no_grad_logprobs``)
+            out[Columns.REF_LOGP] = torch.as_tensor(batch[Columns.REF_LOGP])[:, :width].to(logp.device)
+            if Columns.REFERENCE_CACHE_HIT_SHARE in batch:
+                hits = torch.as_tensor(batch[Columns.REFERENCE_CACHE_HIT_SHARE], dtype=torch.float32)
+                out[Columns.REFERENCE_CACHE_HIT_SHARE] = hits.mean() if len(hits) else torch.tensor(0.0)
+        elif self.has_reference:
             ref_logp, hit_share = self._reference_logprobs(uniq.keys, prompts, actions, masks, width)
             out[Columns.REF_LOGP] = ref_logp[inverse]
             out[Columns.REFERENCE_CACHE_HIT_SHARE] = torch.tensor(hit_share)
         return out
+
+    def no_grad_logprobs(
+        self,
+        prompts: list[list[int]],
+        actions: list[list[int]],
+        masks: list[torch.Tensor | None] | None,
+        *,
+        policy: bool,
+        reference: bool,
+    ) -> tuple[dict[str, list[list[float]]], float]:
+        """The update's one pass without grad, before its first step: per row, the current policy's log-probs
+        (``policy``: the ratio's old log-probs) and the reference's (``reference``: the KL term's, for every
+        minibatch and epoch of the update), over the same distinct rows and chunks as training.
+
+        Returns ({Columns.OLD_LOGP: ..., Columns.REF_LOGP: ...} as asked, reference cache hit share). Under FSDP
+        every learner runs as many forwards (each is a collective).
+        """
+        out: dict[str, list[list[float]]] = {}
+        if not prompts or not (policy or reference):
+            return out, 0.0
+        keys = row_keys_of(prompts, actions, masks)
+        uniq = unique_rows(keys)
+        u_prompts = [prompts[i] for i in uniq.index]
+        u_actions = [actions[i] for i in uniq.index]
+        u_masks = [masks[i] for i in uniq.index] if masks is not None else None
+        width = max(len(a) for a in u_actions)
+        inverse = uniq.inverse.tolist()
+        lengths = [len(a) for a in actions]
+
+        def rows(values: torch.Tensor) -> list[list[float]]:
+            values = values.float().cpu()
+            return [values[j, :n].tolist() for j, n in zip(inverse, lengths, strict=True)]
+
+        hit_share = 0.0
+        with torch.no_grad(), self.compute_context():
+            if policy:
+                logp, _, _ = self._chunked_logprobs(
+                    self.model, u_prompts, u_actions, u_masks, width, False, collective=True
+                )
+                out[Columns.OLD_LOGP] = rows(logp)
+            if reference:
+                ref, hit_share = self._reference_logprobs(
+                    uniq.keys, u_prompts, u_actions, u_masks, width, collective=True
+                )
+                out[Columns.REF_LOGP] = rows(ref)
+        return out, hit_share
 
     def _reference_logprobs(
         self,
@@ -352,11 +408,15 @@ class LLMRLModule(TorchRLModule):
         actions: list[list[int]],
         masks: list[torch.Tensor | None] | None,
         width: int,
+        *,
+        collective: bool = False,
     ) -> tuple[torch.Tensor, float]:
         """Reference log-probs [U, width] of the distinct rows (cached rows gathered, the others computed) and
         the share of them the cache held."""
         model, context = self.reference_context()
-        device = next(model.parameters()).device
+        device = next(self.model.parameters()).device
+        if next(model.parameters()).device != device:
+            model.to(device)
         cache = self.reference_cache
         missing = cache.missing(keys)
         todo = set(missing)
@@ -364,7 +424,7 @@ class LLMRLModule(TorchRLModule):
         ref = torch.zeros((len(keys), width), dtype=torch.float32, device=device)
         if hit:
             ref[hit] = cache.gather([keys[j] for j in hit], width, device)
-        if missing:
+        if missing or (collective and self.sharded):  # FSDP: a learner with nothing to do still joins
             sub = [masks[j] for j in missing] if masks is not None else None
             with torch.no_grad(), context:
                 values, _, _ = self._chunked_logprobs(
@@ -374,9 +434,11 @@ class LLMRLModule(TorchRLModule):
                     sub,
                     width,
                     False,
+                    collective=collective,
                 )
-            ref[missing] = values.float()
-            cache.put([keys[j] for j in missing], values, [len(actions[j]) for j in missing])
+            if missing:
+                ref[missing] = values.float()
+                cache.put([keys[j] for j in missing], values, [len(actions[j]) for j in missing])
         return ref, len(hit) / max(1, len(keys))
 
     def _chunked_logprobs(
@@ -387,11 +449,16 @@ class LLMRLModule(TorchRLModule):
         masks: list[torch.Tensor | None] | None,
         width: int,
         with_entropy: bool,
+        *,
+        collective: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Log-probs of the rows over length-sorted chunks of their distinct prompts, back in row order and
-        right-padded to ``width``. A prompt shared by several rows (one state, different actions) is forwarded
-        once, and the prompt positions skip what only their own outputs need (``shared_prompt_logprobs``); with
-        gradient checkpointing, which turns the KV cache off, every row takes one plain forward.
+        """Log-probs of the rows over chunks of at most ``train_chunk_tokens`` tokens (``token_chunks``), back in
+        row order and right-padded to ``width``.
+
+        Without gradient checkpointing and FSDP, a prompt shared by several rows (one state, different actions) is
+        forwarded once (``shared_prompt_logprobs``, through the KV cache); otherwise every row is its prompt and
+        answer (``action_logprobs``, laid out as ``self.layout``). ``collective`` (FSDP): every learner runs as
+        many forwards, a learner with fewer chunks adding one-token stand-ins.
         """
         shared = unique_rows([tuple(p) for p in prompts])
         prompt_of = shared.inverse.tolist()
@@ -401,13 +468,19 @@ class LLMRLModule(TorchRLModule):
             rows_of[j].append(row)
         # Sharing needs the KV cache, which gradient checkpointing turns off; under FSDP every learner must run
         # the same number of forwards, and sharing skips the prompt forward of one-token prompts.
-        share = not checkpointing(model) and not self.sharded
+        share = self.share_prompts and not checkpointing(model) and not self.sharded
         common = dict(
-            pad_token_id=self.pad_token_id, temperature=self.sampling.temperature, with_entropy=with_entropy
+            pad_token_id=self.pad_token_id,
+            temperature=self.sampling.temperature,
+            with_entropy=with_entropy,
+            slice_tokens=self.slice_tokens,
         )
+        units = [(len(r), max(len(distinct[j]) + len(actions[i]) for i in r)) for j, r in enumerate(rows_of)]
+        chunks = token_chunks(units, self.train_chunk_tokens) if prompts else []
+        rounds = self.forward_rounds(len(chunks)) if collective else len(chunks)
         parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         order: list[int] = []
-        for chunk in length_chunks([len(p) for p in distinct], self.train_chunk_tokens):
+        for chunk in chunks:
             rows = [row for j in chunk for row in rows_of[j]]
             sub = [masks[r] for r in rows] if masks is not None else None
             if share:
@@ -422,10 +495,21 @@ class LLMRLModule(TorchRLModule):
                 )
             else:
                 out = action_logprobs(
-                    model, [prompts[r] for r in rows], [actions[r] for r in rows], allowed_masks=sub, **common
+                    model,
+                    [prompts[r] for r in rows],
+                    [actions[r] for r in rows],
+                    allowed_masks=sub,
+                    layout=self.layout,
+                    **common,
                 )
             parts.append(tuple(_pad_right(t, width) if t is not None else None for t in out))
             order += rows
+        for _ in range(rounds - len(chunks)):  # FSDP stand-ins: keep this learner in the collectives
+            action_logprobs(model, [[self.pad_token_id]], [[self.pad_token_id]], **common)
+        device = next(self.model.parameters()).device
+        if not parts:
+            empty = torch.zeros((0, width), device=device)
+            return empty, empty, empty if with_entropy else None
         back = back_in_order(order).to(parts[0][0].device)
         logp = torch.cat([p[0] for p in parts])[back]
         mask = torch.cat([p[1] for p in parts])[back]
@@ -603,6 +687,12 @@ def unpad_token_batch(
         every.scatter_(-1, ids, True)
         masks = [every[i, :n, :vocab_size] for i, n in enumerate(action_len)]
     return prompts, actions, masks
+
+
+def _varlen_attention(model: torch.nn.Module) -> bool:
+    """Whether the model's attention kernel runs packed sequences without a dense mask (flash attention)."""
+    impl = str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
+    return impl.startswith("flash")
 
 
 def _numpy(column: Any) -> np.ndarray:

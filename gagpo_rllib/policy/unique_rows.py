@@ -16,7 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["UniqueRows", "back_in_order", "length_chunks", "row_keys", "unique_rows"]
+__all__ = [
+    "UniqueRows",
+    "back_in_order",
+    "length_chunks",
+    "row_keys",
+    "row_keys_of",
+    "token_chunks",
+    "unique_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -48,16 +56,35 @@ def row_keys(
     width = prompt_ids.shape[1]
     keys = []
     for i, (n, m) in enumerate(zip(prompt_len, action_len, strict=True)):
-        h = hashlib.blake2b(digest_size=16)
-        h.update(np.ascontiguousarray(prompt_ids[i, width - n :], dtype=np.int64).tobytes())
-        h.update(b"|")
-        h.update(np.ascontiguousarray(action_ids[i, :m], dtype=np.int64).tobytes())
-        if allowed_ids is not None:
-            for pos in allowed_ids[i, :m]:
-                h.update(b"/")
-                h.update(np.ascontiguousarray(pos[pos >= 0], dtype=np.int64).tobytes())
-        keys.append(h.digest())
+        allowed = None if allowed_ids is None else [pos[pos >= 0] for pos in allowed_ids[i, :m]]
+        keys.append(_digest(prompt_ids[i, width - n :], action_ids[i, :m], allowed))
     return keys
+
+
+def row_keys_of(
+    prompts: Sequence[Sequence[int]],
+    actions: Sequence[Sequence[int]],
+    allowed_masks: Sequence[torch.Tensor | None] | None = None,
+) -> list[bytes]:
+    """``row_keys`` of unpadded rows: prompt and action token lists and optional [m, V] allowed masks."""
+    keys = []
+    for b, (p, a) in enumerate(zip(prompts, actions, strict=True)):
+        mask = None if allowed_masks is None else allowed_masks[b]
+        allowed = None if mask is None else [torch.nonzero(row).flatten().numpy() for row in mask.cpu()]
+        keys.append(_digest(p, a, allowed))
+    return keys
+
+
+def _digest(prompt: Sequence[int], action: Sequence[int], allowed: Sequence[np.ndarray] | None) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.ascontiguousarray(prompt, dtype=np.int64).tobytes())
+    h.update(b"|")
+    h.update(np.ascontiguousarray(action, dtype=np.int64).tobytes())
+    if allowed is not None:
+        for pos in allowed:
+            h.update(b"/")
+            h.update(np.ascontiguousarray(pos, dtype=np.int64).tobytes())
+    return h.digest()
 
 
 def unique_rows(keys: Sequence[Hashable]) -> UniqueRows:
@@ -93,6 +120,32 @@ def length_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
             chunks.append(current)
             current = []
         current.append(i)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def token_chunks(units: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
+    """Positions of ``units`` ((rows, width) each: rows forwarded together, the longest prompt + answer among
+    them) sorted by width and cut into chunks of at most ``max_tokens`` padded tokens, rows x widest width.
+
+    The learner's chunks: the budget counts every token a forward holds, answers included, so a chunk's
+    activation memory is bounded whatever the answers' lengths, and sorting keeps padding to what neighbouring
+    lengths leave. A unit over the budget is a chunk alone.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    order = sorted(range(len(units)), key=lambda i: (units[i][1], i))
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    rows = 0
+    for i in order:
+        n, width = units[i]
+        if current and (rows + n) * width > max_tokens:  # sorted ascending: the newest unit is the widest
+            chunks.append(current)
+            current, rows = [], 0
+        current.append(i)
+        rows += n
     if current:
         chunks.append(current)
     return chunks

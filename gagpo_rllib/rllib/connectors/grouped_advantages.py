@@ -9,7 +9,9 @@ The reward column is the environment's reward minus ``invalid_penalty`` on inval
 learning signal only. Reported episode returns and success rates (EnvRunner metrics) use the env's own rewards.
 
 With ``recompute_old_logprobs`` the "old" log-probs of the ratio are recomputed by the learner's own weights
-(before the update, without gradient) instead of taken from the rollout backend. Needed whenever the rollout
+(before the update, without gradient) instead of taken from the rollout backend; the same pass computes the
+reference log-probs of the KL term (``LLMRLModule.no_grad_logprobs``), once per update instead of once per
+minibatch and epoch. Needed whenever the rollout
 numerics differ from the learner's: vLLM, or bf16/fp16 kernels on a GPU (cached decoding and the full forward
 differ by up to ~4e-3 in bf16), where the first-minibatch ratio would otherwise not start at 1. The largest
 difference between rollout and recomputed log-probs is logged as ``old_logp_rollout_max_dev``.
@@ -24,7 +26,6 @@ stamp. Episodes without a stamp (the connector used on its own) are stamped here
 
 from __future__ import annotations
 
-import contextlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +42,6 @@ from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages, grouping_diagnostics
 from gagpo_rllib.method.similarity import anchor_keys
 from gagpo_rllib.policy.generation.constraints import allowed_token_masks
-from gagpo_rllib.policy.logprobs import action_logprobs
 from gagpo_rllib.rllib.connectors.env_to_module import single_module
 
 __all__ = [
@@ -235,7 +235,6 @@ class GroupedAdvantages(ConnectorV2):
         skip_uniform_groups: bool = False,
         constrained: bool = False,
         recompute_old_logprobs: bool = False,
-        recompute_chunk_size: int = 64,
         similarity_threshold: float | None = None,
         **kwargs,
     ):
@@ -246,7 +245,6 @@ class GroupedAdvantages(ConnectorV2):
         self.skip_uniform_groups = bool(skip_uniform_groups)
         self.constrained = bool(constrained)
         self.recompute_old_logprobs = bool(recompute_old_logprobs)
-        self.recompute_chunk_size = int(recompute_chunk_size)
         # None: exact state keys; else near-identical state texts of a group share an anchor (similarity.py).
         self.similarity_threshold = similarity_threshold
 
@@ -301,8 +299,16 @@ class GroupedAdvantages(ConnectorV2):
                     )
                 masks.append(built[key])
         old_logp = [rows.old_logp[i] for i in idx]
+        # The update's one no-grad pass: the ratio's old log-probs (when recomputed) and the KL term's reference
+        # log-probs, for every minibatch and epoch of this update.
+        reference = bool(getattr(module, "has_reference", False))
+        passed, hit_share = ({}, 0.0)
+        if self.recompute_old_logprobs or reference:
+            passed, hit_share = module.no_grad_logprobs(
+                prompts, actions, masks, policy=self.recompute_old_logprobs, reference=reference
+            )
         if self.recompute_old_logprobs:
-            recomputed = self._learner_logprobs(module, prompts, actions, masks)
+            recomputed = passed.get(Columns.OLD_LOGP, [])
             if metrics is not None:
                 metrics.log_value(
                     ("gagpo", "old_logp_rollout_max_dev"), _max_abs_dev(old_logp, recomputed), reduce="max"
@@ -319,6 +325,9 @@ class GroupedAdvantages(ConnectorV2):
             Columns.ADVANTAGES: torch.as_tensor(adv[idx], dtype=torch.float32),
             Columns.INVALID: torch.as_tensor(rows.invalid[idx], dtype=torch.float32),
         }
+        if reference:
+            data[Columns.REF_LOGP] = _pad(passed.get(Columns.REF_LOGP, []), a_width, 0.0, torch.float32, left=False)
+            data[Columns.REFERENCE_CACHE_HIT_SHARE] = torch.full((len(idx),), float(hit_share))
         if masks is not None:
             data[Columns.ALLOWED_IDS] = self._allowed_ids(masks, a_width)
         data.update(self.extra_columns(rows, idx))
@@ -328,41 +337,6 @@ class GroupedAdvantages(ConnectorV2):
     def extra_columns(self, rows: StepRows, idx: np.ndarray) -> dict[str, torch.Tensor]:
         """Further per-step tensors for rows ``idx`` of the batch: none here (a critic adds its targets)."""
         return {}
-
-    def _learner_logprobs(
-        self,
-        module,
-        prompts: list[list[int]],
-        actions: list[list[int]],
-        masks: list[torch.Tensor] | None,
-    ) -> list[list[float]]:
-        """Per-token log-probs of each action under the learner's current weights and precision, in chunks,
-        without grad. Sharded (FSDP) learners run as many forwards as the learner with the most chunks."""
-        out: list[list[float]] = []
-        starts = list(range(0, len(prompts), self.recompute_chunk_size))
-        # FSDP: as many forwards on every learner.
-        rounds = module.forward_rounds(len(starts)) if hasattr(module, "forward_rounds") else len(starts)
-        # The learner's precision (autocast over fp32 masters); any object with the policy's fields works too.
-        precision = getattr(module, "compute_context", contextlib.nullcontext)
-        with torch.no_grad(), precision():
-            for r in range(rounds):
-                if r < len(starts):
-                    chunk = slice(starts[r], starts[r] + self.recompute_chunk_size)
-                    rows = (prompts[chunk], actions[chunk], None if masks is None else masks[chunk])
-                else:  # a forward that only keeps this learner in the collectives
-                    rows = ([[module.pad_token_id]], [[module.pad_token_id]], None)
-                logp, mask, _ = action_logprobs(
-                    module.model,
-                    rows[0],
-                    rows[1],
-                    pad_token_id=module.pad_token_id,
-                    temperature=module.sampling.temperature,
-                    allowed_masks=rows[2],
-                )
-                if r < len(starts):
-                    for row, keep in zip(logp.float().cpu(), mask.cpu().bool(), strict=True):
-                        out.append(row[keep].tolist())
-        return out
 
     @staticmethod
     def _allowed_ids(masks: list[torch.Tensor], width: int) -> torch.Tensor:

@@ -177,17 +177,22 @@ def test_an_info_without_state_key_names_the_key_and_the_step(module) -> None:
 
 @pytest.mark.parametrize("constrained", [False, True])
 def test_recomputed_old_logprobs_come_from_the_learner_weights(tiny_policy_path: Path, episodes, constrained):
+    """The update's no-grad pass: old log-probs from the learner's weights, reference log-probs from the
+    frozen reference (here moved away from the policy, so the two differ), both per row of the batch."""
+    from envs.spaces import TextSpace
     from gagpo_rllib.policy.logprobs import action_logprobs
-    from gagpo_rllib.policy.models import load_policy
+    from gagpo_rllib.policy.rl_module import LLMRLModule
 
-    model, tok = load_policy(str(tiny_policy_path))
-    module = SimpleNamespace(
-        model=model,
-        tokenizer=tok,
-        pad_token_id=tok.pad_token_id,
-        vocab_size=int(model.get_output_embeddings().weight.shape[0]),
-        sampling=SimpleNamespace(temperature=0.7),
+    module = LLMRLModule(
+        observation_space=TextSpace(),
+        action_space=TextSpace(),
+        inference_only=False,
+        model_config={"model_path": str(tiny_policy_path), "sampling": {"temperature": 0.7}},
     )
+    with torch.no_grad():
+        for p in module.reference_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model, tok = module.model, module.tokenizer
     rows = episode_rows(episodes, 0.1)
     masks = (
         [
@@ -209,12 +214,22 @@ def test_recomputed_old_logprobs_come_from_the_learner_weights(tiny_policy_path:
     expected = expected * mask
 
     metrics = MetricsLogger()
-    connector = GroupedAdvantages(
-        constrained=constrained, recompute_old_logprobs=True, recompute_chunk_size=2
-    )
+    module.train_chunk_tokens = 24  # several chunks
+    connector = GroupedAdvantages(constrained=constrained, recompute_old_logprobs=True)
     data = connector(rl_module=module, batch={}, episodes=episodes, metrics=metrics)[DEFAULT_MODULE_ID]
     width = data["old_logp"].shape[1]
     torch.testing.assert_close(data["old_logp"], expected[:, :width].float(), atol=1e-6, rtol=0)
+    with torch.no_grad():
+        ref, _, _ = action_logprobs(
+            module.reference_model,
+            rows.prompt_ids,
+            rows.action_ids,
+            pad_token_id=tok.pad_token_id,
+            temperature=0.7,
+            allowed_masks=masks,
+        )
+    assert (ref * mask - expected).abs().max() > 1e-3
+    torch.testing.assert_close(data["ref_logp"], (ref * mask)[:, :width].float(), atol=1e-6, rtol=0)
     # The episodes' stored (rollout) log-probs are random numbers: the logged deviation shows they were replaced.
     assert metrics.peek(("gagpo", "old_logp_rollout_max_dev")) > 0.01
 
