@@ -1,6 +1,6 @@
 """Learner memory you can plan with: measured here, checked against a formula, extrapolated to Qwen2.5 on GPUs.
 
-    python benchmarks/bench_memory.py [--chunk-tokens 16384] [--prompt-tokens 1000] [--action-tokens 200]
+    python benchmarks/bench_memory.py [--chunk-tokens 16384] [--prompt-tokens 1000] [--action-tokens 512]
 
 1. **State per learner** (tiny Qwen2, CPU): weights, gradients and Adam state of the fp32 masters and the bf16
    reference, held by 1 learner and by each of 2 FSDP learners over gloo (``gagpo_rllib.policy.fsdp.shard``, the learners'
@@ -9,7 +9,11 @@
    and without gradient checkpointing: per decoder layer and token a*h + b*i + c*kv elements (h hidden, i MLP,
    kv key/value width) and per action token d*V bytes for the fp32 log-prob/entropy over the vocabulary. The
    coefficients are fitted on five small shapes and checked on two others (printed: formula vs measured).
-3. **The per-GPU table** for Qwen2.5-1.5B/7B/14B x {DDP, FSDP over 2/4/8 learners, LoRA rank ``--lora-rank`` on one
+3. **Vocabulary working memory**: the LM head runs on answer positions only, in slices of
+   ``slice_tokens_for(V)`` tokens (``policy.logprobs.token_scores``); the peak of live [tokens, V] tensors during
+   its forward and backward is measured here in units of one slice's float32 logits and enters the table as that
+   multiple of the slice, whatever the chunk's answers.
+4. **The per-GPU table** for Qwen2.5-1.5B/7B/14B x {DDP, FSDP over 2/4/8 learners, LoRA rank ``--lora-rank`` on one
    learner} at the paper's minibatch (64 steps of ``--prompt-tokens`` + ``--action-tokens``): state + one chunk's
    activations (the learner runs backward chunk by chunk) + FSDP's all-gathered bf16 layers, against 80 GB and
    141 GB GPUs.
@@ -33,7 +37,7 @@ import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from gagpo_rllib.method.loss import gagpo_policy_loss
-from gagpo_rllib.policy.logprobs import action_logprobs
+from gagpo_rllib.policy.logprobs import action_logprobs, slice_tokens_for, token_scores
 from gagpo_rllib.policy.rl_module import enable_checkpointing
 
 GIB = 1024**3
@@ -264,13 +268,34 @@ class ActivationFormula:
         return self.vocab * vocab
 
 
-# ------------------------------------------------------------------------------------------------ 3. table
-def gpu_table(args, formulas: dict[bool, ActivationFormula]) -> list[str]:
+# -------------------------------------------------------------------------------------- 3. vocabulary side
+def vocabulary_peak_slices(
+    vocab: int = 4096, hidden: int = 64, tokens: int = 1000, slice_tokens: int = 256
+) -> float:
+    """Peak live [tokens, vocab] bytes of ``token_scores`` with entropy, forward + backward under bf16 autocast,
+    over one slice's float32 logits (``bench_learner.VocabPeak`` tracks them)."""
+    from bench_learner import VocabPeak
+
+    torch.manual_seed(0)
+    h = torch.randn(tokens, hidden, requires_grad=True)
+    w = (0.02 * torch.randn(vocab, hidden)).requires_grad_(True)
+    targets = torch.randint(0, vocab, (tokens,))
+    tracker = VocabPeak(vocab, hidden)
+    with tracker, torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, ent = token_scores(h, w, targets=targets, with_entropy=True, slice_tokens=slice_tokens)
+        (logp.sum() + ent.sum()).backward()
+    return tracker.peak / (slice_tokens * vocab * 4)
+
+
+# ------------------------------------------------------------------------------------------------ 4. table
+def gpu_table(args, formulas: dict[bool, ActivationFormula], slices: float) -> list[str]:
     lines = [
-        f"Per GPU, GiB (state + one chunk of {args.chunk_tokens:,} tokens with checkpointing + FSDP's gathered bf16"
-        f" layers); paper minibatch 64 x ({args.prompt_tokens} + {args.action_tokens}) tokens",
-        "| model | set-up | state | activations | gathered | total | 80 GB | 141 GB | no chunks, no checkpointing |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"Per GPU, GiB (state + one chunk of {args.chunk_tokens:,} tokens with checkpointing + the LM head's "
+        f"vocabulary working memory ({slices:.2f} slices) + FSDP's gathered bf16 layers); paper minibatch 64 x "
+        f"({args.prompt_tokens} + {args.action_tokens}) tokens",
+        "| model | set-up | state | activations | vocabulary | gathered | total | 80 GB | 141 GB |"
+        " no chunks, no checkpointing |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     step = args.prompt_tokens + args.action_tokens
     steps_per_chunk = max(1, args.chunk_tokens // step)
@@ -282,24 +307,27 @@ def gpu_table(args, formulas: dict[bool, ActivationFormula]) -> list[str]:
         whole = 64 * (step * plain.token(shape) + args.action_tokens * plain.action_token(vocab))
         layer = param_count(1, hidden, inter, heads, kv, 0, True) - hidden
         root = vocab * hidden * (1 if tied else 2)
+        working = slices * slice_tokens_for(vocab) * vocab * 4
         for learners in (1, 2, 4, 8):
             fsdp = learners > 1
             state = sum(state_bytes(params, learners if fsdp else 1).values())
             gathered = (2 * 2 * layer + 2 * root) if fsdp else 0.0
-            total = state + chunk + gathered
+            total = state + chunk + working + gathered
             setup = f"FSDP x{learners}" if fsdp else "DDP (any N)"
             fits = ["yes" if total < cap * 1e9 * 0.92 else "no" for cap in (80, 141)]
             lines.append(
                 f"| {name} ({params / 1e9:.2f}B) | {setup} | {state / GIB:.1f} | {chunk / GIB:.1f} | "
-                f"{gathered / GIB:.1f} | {total / GIB:.1f} | {fits[0]} | {fits[1]} | {(state + whole) / GIB:.0f} |"
+                f"{working / GIB:.1f} | {gathered / GIB:.1f} | {total / GIB:.1f} | {fits[0]} | {fits[1]} | "
+                f"{(state + whole) / GIB:.0f} |"
             )
         adapters = lora_param_count(layers, hidden, inter, heads, kv, args.lora_rank)
         state = sum(lora_state_bytes(params, adapters).values())
-        total = state + chunk
+        total = state + chunk + working
         fits = ["yes" if total < cap * 1e9 * 0.92 else "no" for cap in (80, 141)]
         lines.append(
             f"| {name} ({params / 1e9:.2f}B) | LoRA r{args.lora_rank} ({adapters / 1e6:.1f}M), 1 learner | "
-            f"{state / GIB:.1f} | {chunk / GIB:.1f} | 0.0 | {total / GIB:.1f} | {fits[0]} | {fits[1]} | "
+            f"{state / GIB:.1f} | {chunk / GIB:.1f} | {working / GIB:.1f} | 0.0 | {total / GIB:.1f} | {fits[0]} | "
+            f"{fits[1]} | "
             f"{(state + whole) / GIB:.0f} |"
         )
     return lines
@@ -311,7 +339,9 @@ def main() -> None:
     )
     parser.add_argument("--chunk-tokens", type=int, default=16384, help="GAGPOConfig.train_chunk_tokens")
     parser.add_argument("--prompt-tokens", type=int, default=1000)
-    parser.add_argument("--action-tokens", type=int, default=200)
+    parser.add_argument(
+        "--action-tokens", type=int, default=512, help="answer tokens of every step (the cap)"
+    )
     parser.add_argument("--lora-rank", type=int, default=64, help="rank of the LoRA rows (every linear kind)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -352,8 +382,19 @@ def main() -> None:
             f"{formulas[True].action_token(spec[5]) / 2**20:.2f} MiB per action token"
         )
 
+    slices = vocabulary_peak_slices()
+    print(
+        f"\n3. Vocabulary working memory of the LM head (token_scores, entropy, forward + backward, bf16 autocast): "
+        f"peak {slices:.2f} x one slice's float32 logits"
+    )
+    for name, spec in QWEN.items():
+        vocab = spec[5]
+        print(
+            f"   {name}: slices of {slice_tokens_for(vocab)} tokens, "
+            f"{slices * slice_tokens_for(vocab) * vocab * 4 / GIB:.2f} GiB whatever the chunk's answers"
+        )
     print()
-    print("\n".join(gpu_table(args, formulas)))
+    print("\n".join(gpu_table(args, formulas, slices)))
 
 
 if __name__ == "__main__":

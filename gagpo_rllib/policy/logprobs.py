@@ -486,11 +486,9 @@ def _slice_scaled(
     h: Tensor, weight: Tensor, allowed: Tensor | None, temperature: float, compute: torch.dtype
 ) -> tuple[Tensor, Tensor | None]:
     """One slice's float32 logits / T with disallowed words at -inf (a single [n, V] float tensor), and the
-    slice's allowed mask (rows with no allowed word count as unconstrained, as in ``scaled_logprobs``)."""
-    with torch.autocast(h.device.type, enabled=False):
-        logits = torch.nn.functional.linear(h.to(compute), weight.to(compute))
-    x = logits.float()
-    del logits
+    slice's allowed mask (rows with no allowed word count as unconstrained, as in ``scaled_logprobs``).
+    Called with autocast off."""
+    x = torch.nn.functional.linear(h.to(compute), weight.to(compute)).float()
     if temperature != 1.0:
         x.div_(temperature)
     if allowed is not None:
@@ -509,25 +507,50 @@ def _scores_forward(
     with_entropy: bool,
     compute: torch.dtype,
 ) -> tuple[Tensor, Tensor | None]:
+    """Slice by slice: lse = m + log sum exp(x - m), logp = x_t - lse, H = lse - sum_v p_v x_v (as
+    ``scaled_logprobs``), with the exponentials written over x (no entropy) or into one more [n, V] buffer."""
     n = hidden.shape[0]
     logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
     entropy = torch.empty(n, dtype=torch.float32, device=hidden.device) if with_entropy else None
-    for s in range(0, n, slice_tokens):
-        e = min(n, s + slice_tokens)
-        x, keep = _slice_scaled(
-            hidden[s:e], weight, None if allowed is None else allowed[s:e], temperature, compute
-        )
-        lse = torch.logsumexp(x, dim=-1)
-        logp[s:e] = x.gather(-1, targets[s:e].unsqueeze(-1)).squeeze(-1) - lse
-        if entropy is not None:
-            # H = lse - sum_v p_v x_v, over the allowed words (p_v = 0 elsewhere, where x_v is set to 0)
-            p = torch.exp(x - lse.unsqueeze(-1))
-            if keep is not None:
-                x.masked_fill_(~keep, 0.0)
-            entropy[s:e] = lse - torch.bmm(p.unsqueeze(1), x.unsqueeze(2)).view(-1)
-            del p
-        del x
+    with torch.autocast(hidden.device.type, enabled=False):  # float32 here; the matmul casts to ``compute``
+        for s in range(0, n, slice_tokens):
+            _score_slice(
+                hidden, weight, targets, allowed, temperature, compute, logp, entropy, s, slice_tokens
+            )
     return logp, entropy
+
+
+def _score_slice(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    allowed: Tensor | None,
+    temperature: float,
+    compute: torch.dtype,
+    logp: Tensor,
+    entropy: Tensor | None,
+    s: int,
+    slice_tokens: int,
+) -> None:
+    """Rows [s, s + slice_tokens) of ``logp`` (and ``entropy``), written in place."""
+    e = min(hidden.shape[0], s + slice_tokens)
+    x, keep = _slice_scaled(
+        hidden[s:e], weight, None if allowed is None else allowed[s:e], temperature, compute
+    )
+    picked = x.gather(-1, targets[s:e].unsqueeze(-1)).squeeze(-1)
+    top = x.amax(dim=-1, keepdim=True)
+    if entropy is None:
+        total = x.sub_(top).exp_().sum(-1)
+        lse = top.squeeze(-1) + total.log()
+    else:
+        p = x.sub(top).exp_()
+        total = p.sum(-1)
+        lse = top.squeeze(-1) + total.log()
+        p.div_(total.unsqueeze(-1))
+        if keep is not None:
+            x.masked_fill_(~keep, 0.0)  # p_v = 0 there
+        entropy[s:e] = lse - torch.bmm(p.unsqueeze(1), x.unsqueeze(2)).view(-1)
+    logp[s:e] = picked - lse
 
 
 class _TokenScores(torch.autograd.Function):
@@ -549,36 +572,10 @@ class _TokenScores(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        w = weight.to(compute)
-        n = hidden.shape[0]
-        for s in range(0, n, slice_tokens):
-            e = min(n, s + slice_tokens)
-            h = hidden[s:e].to(compute)
-            x, keep = _slice_scaled(
-                h, weight, None if allowed is None else allowed[s:e], temperature, compute
+        with torch.autocast(hidden.device.type, enabled=False):
+            _TokenScores._backward_slices(
+                ctx, hidden, weight, targets, allowed, entropy, grad_logp, grad_entropy, grad_h, grad_w
             )
-            x.sub_(torch.logsumexp(x, dim=-1, keepdim=True))  # log p
-            p = torch.exp(x)
-            g1 = grad_logp[s:e].float().unsqueeze(-1)
-            if with_entropy and grad_entropy is not None:
-                # x <- -p * (g_logp + g_H * (log p + H)): the softmax terms of both gradients
-                x.add_(entropy[s:e].unsqueeze(-1)).mul_(grad_entropy[s:e].float().unsqueeze(-1)).add_(g1)
-                x.mul_(p).neg_()
-                if keep is not None:
-                    x.masked_fill_(~keep, 0.0)
-                del p
-            else:
-                x = p.mul_(g1).neg_()
-            x.scatter_add_(-1, targets[s:e].unsqueeze(-1), g1)
-            if temperature != 1.0:
-                x.div_(temperature)
-            g = x.to(compute)
-            del x
-            with torch.autocast(hidden.device.type, enabled=False):
-                if need_h:
-                    grad_h[s:e] = (g @ w).to(hidden.dtype)
-                if need_w:
-                    grad_w += (g.t() @ h).float()
         return (
             grad_h,
             grad_w.to(weight.dtype) if need_w else None,
@@ -589,3 +586,44 @@ class _TokenScores(torch.autograd.Function):
             None,
             None,
         )
+
+    @staticmethod
+    def _backward_slices(
+        ctx, hidden, weight, targets, allowed, entropy, grad_logp, grad_entropy, grad_h, grad_w
+    ):
+        temperature, slice_tokens, with_entropy, compute = ctx.settings
+        need_h, need_w = grad_h is not None, grad_w is not None
+        w = weight.to(compute)
+        n = hidden.shape[0]
+        for s in range(0, n, slice_tokens):
+            e = min(n, s + slice_tokens)
+            h = hidden[s:e].to(compute)
+            x, keep = _slice_scaled(
+                h, weight, None if allowed is None else allowed[s:e], temperature, compute
+            )
+            x.sub_(x.amax(dim=-1, keepdim=True))
+            g1 = grad_logp[s:e].float().unsqueeze(-1)
+            if with_entropy and grad_entropy is not None:
+                p = torch.exp(x)
+                total = p.sum(-1, keepdim=True)
+                p.div_(total)
+                x.sub_(total.log())  # log p
+                # x <- -p * (g_logp + g_H * (log p + H)): the softmax terms of both gradients
+                x.add_(entropy[s:e].unsqueeze(-1)).mul_(grad_entropy[s:e].float().unsqueeze(-1)).add_(g1)
+                x.mul_(p).neg_()
+                if keep is not None:
+                    x.masked_fill_(~keep, 0.0)
+                del p
+            else:
+                x.exp_()
+                x.div_(x.sum(-1, keepdim=True)).mul_(g1).neg_()  # -p g_logp
+            x.scatter_add_(-1, targets[s:e].unsqueeze(-1), g1)
+            if temperature != 1.0:
+                x.div_(temperature)
+            g = x.to(compute)
+            del x
+            if need_h:
+                grad_h[s:e] = (g @ w).to(hidden.dtype)
+            if need_w:
+                grad_w += (g.t() @ h).float()
+            del g, h  # before the next slice's logits

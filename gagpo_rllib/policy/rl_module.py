@@ -573,7 +573,12 @@ class LLMRLModule(TorchRLModule):
                 )
             state = dict(self._gathered)
         else:
-            state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+            # What EnvRunners receive is cast where the weights live (on a GPU: before the copy to the host).
+            cast = inference_only and not self.inference_only
+            state = {
+                k: (v.detach().to(self.dtype) if cast and v.is_floating_point() else v.detach()).cpu()
+                for k, v in self.state_dict().items()
+            }
         if inference_only and not self.inference_only:
             if isinstance(self, InferenceOnlyAPI):
                 learner_only = tuple(self.get_non_inference_attributes())
@@ -586,6 +591,14 @@ class LLMRLModule(TorchRLModule):
         if any(v.dtype == torch.bfloat16 for v in state.values()):
             return state
         return convert_to_numpy(state)
+
+    def weights_finite(self) -> bool:
+        """Whether every trained weight is finite, checked where the weights live (one host sync on a GPU)."""
+        params = [p for p in self.parameters() if p.is_floating_point()]
+        if not params:
+            return True
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        return bool(torch.stack([torch.isfinite(p).all() for p in local if p.numel()]).all())
 
     def _lora_state(self, inference_only: bool) -> dict[str, Any]:
         """Under LoRA, ``inference_only`` (what EnvRunners load, in the rollout dtype): the policy's adapters for

@@ -112,11 +112,15 @@ def paper_config(
     sharding = sharding_from_env() if learner_sharding is None else learner_sharding
     on_gpu = gpus > 0
     per_learner, per_runner, per_valid = gpu_plan(gpus, num_learners, num_env_runners)
+    # RLlib gives a GPU learner 0 CPUs, which leaves its host work (casts, copies, checks) one torch thread; its
+    # bundle takes GAGPO_CPUS_PER_LEARNER CPUs instead (threads.py sets torch's threads from them).
+    learner_cpus = count_from_env("GAGPO_CPUS_PER_LEARNER", 4, "CPUs per GPU learner") if on_gpu else None
     config = (
         GAGPOConfig()
         .environment(env, env_config=dict(env_config))
         .env_runners(num_env_runners=num_env_runners, num_gpus_per_env_runner=per_runner)
         .learners(num_learners=num_learners, num_gpus_per_learner=per_learner)
+        .learners(**({"num_cpus_per_learner": learner_cpus} if learner_cpus else {}))
         .llm(
             model_path=model_path,
             history_length=2,

@@ -252,3 +252,100 @@ def test_shared_prompt_forward_runs_the_last_mlp_on_one_prompt_token_per_row(
     g_plain = torch.autograd.grad(plain[0].sum() + plain[2].sum(), params)
     for a, b in zip(g_shared, g_plain, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def _direct_scores(hidden, weight, targets, allowed, temperature):
+    """The definition: full [N, V] logits, log-softmax over the allowed words, entropy of that distribution."""
+    x = (hidden @ weight.t()) / temperature
+    if allowed is not None:
+        x = x.masked_fill(~allowed, float("-inf"))
+    logp_all = torch.log_softmax(x, -1)
+    p = logp_all.exp()
+    entropy = -(p * logp_all.masked_fill(p == 0, 0.0)).sum(-1)
+    return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sliced_token_scores_equal_the_full_logits_with_their_gradients(
+    constrained: bool, temperature: float
+):
+    from gagpo_rllib.policy.logprobs import token_scores
+
+    torch.manual_seed(0)
+    n, hidden_size, vocab = 37, 16, 301
+    hidden = torch.randn(n, hidden_size, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(vocab, hidden_size, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, vocab, (n,))
+    allowed = None
+    if constrained:
+        allowed = torch.rand(n, vocab) < 0.1
+        allowed[torch.arange(n), targets] = True
+    g_logp, g_ent = torch.randn(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)
+    want = _direct_scores(hidden, weight, targets, allowed, temperature)
+    torch.autograd.backward(want, (g_logp, g_ent))
+    want_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    got = token_scores(
+        hidden,
+        weight,
+        targets=targets,
+        allowed=allowed,
+        temperature=temperature,
+        with_entropy=True,
+        slice_tokens=5,
+    )
+    # float32 inside: values to float32 rounding, gradients to ~1e-6 relative
+    torch.testing.assert_close(got[0].double(), want[0].detach(), atol=2e-5, rtol=0)
+    torch.testing.assert_close(got[1].double(), want[1].detach(), atol=2e-5, rtol=0)
+    torch.autograd.backward(got, (g_logp.float(), g_ent.float()))
+    for ours, theirs in zip((hidden.grad, weight.grad), want_grads, strict=True):
+        assert float((ours - theirs).norm() / theirs.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_token_scores_hold_at_most_two_slices_of_vocabulary_logits(autocast: bool):
+    """Forward and backward with entropy keep at most 2x one slice's float32 logits of [tokens, V] tensors alive,
+    whatever the number of tokens (the old path held 5-10x the whole chunk's logits)."""
+    from benchmarks.bench_learner import VocabPeak
+    from gagpo_rllib.policy.logprobs import token_scores
+
+    n, hidden_size, vocab, slice_tokens = 1000, 32, 4096, 128
+    hidden = torch.randn(n, hidden_size, requires_grad=True)
+    weight = (0.02 * torch.randn(vocab, hidden_size)).requires_grad_(True)
+    tracker = VocabPeak(vocab, hidden_size)
+    with tracker, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logp, ent = token_scores(
+            hidden,
+            weight,
+            targets=torch.randint(0, vocab, (n,)),
+            with_entropy=True,
+            slice_tokens=slice_tokens,
+        )
+        (logp.sum() + ent.sum()).backward()
+    assert tracker.peak > 0
+    assert tracker.peak <= 2.0 * slice_tokens * vocab * 4
+
+
+def test_packed_and_padded_layouts_give_the_same_logprobs_and_gradients(backend: HFGenerationBackend) -> None:
+    tok = backend.tokenizer
+    model = backend.model
+    prompts = [tok(p)["input_ids"] for p in _prompts(tok)]
+    actions = [[5, 9, 11], [7], [12, 13, 14, 15, 16], [8, 8]]
+    out = {}
+    for layout in ("rows", "varlen"):
+        model.zero_grad()
+        logp, mask, ent = action_logprobs(
+            model, prompts, actions, pad_token_id=tok.pad_token_id, with_entropy=True, layout=layout
+        )
+        (logp.sum() + ent.sum()).backward()
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        out[layout] = (logp.detach(), mask, ent.detach(), grad)
+    model.zero_grad()
+    rows, packed = out["rows"], out["varlen"]
+    torch.testing.assert_close(rows[0], packed[0], atol=1e-5, rtol=0)
+    assert torch.equal(rows[1], packed[1])
+    torch.testing.assert_close(rows[2], packed[2], atol=1e-5, rtol=0)
+    assert float((rows[3] - packed[3]).norm() / rows[3].norm()) < 1e-5
+    with pytest.raises(ValueError, match="layout"):
+        action_logprobs(model, prompts, actions, pad_token_id=tok.pad_token_id, layout="padded")

@@ -61,3 +61,21 @@ def test_length_chunks_sort_cover_and_respect_the_token_budget() -> None:
     assert length_chunks([30, 2], max_tokens=8) == [[1], [0]]  # a row over the budget is a chunk alone
     with pytest.raises(ValueError, match="max_tokens"):
         length_chunks([1], max_tokens=0)
+
+
+def test_token_chunks_count_prompt_and_answer_tokens_and_keep_units_whole():
+    from gagpo_rllib.policy.unique_rows import token_chunks
+
+    # (rows, widest prompt + answer) per unit
+    units = [(2, 10), (1, 40), (3, 12), (1, 11), (4, 39)]
+    chunks = token_chunks(units, max_tokens=60)
+    assert sorted(i for c in chunks for i in c) == list(range(len(units)))
+    for chunk in chunks:
+        rows = sum(units[i][0] for i in chunk)
+        width = max(units[i][1] for i in chunk)
+        assert rows * width <= 60 or len(chunk) == 1  # a unit over the budget is a chunk alone
+    # sorted by width: the short units share a chunk, the long ones are apart
+    assert chunks[0] == [0, 3]  # 3 rows x 11; adding unit 2 would make 6 x 12 = 72
+    assert [1] in chunks and [4] in chunks
+    with pytest.raises(ValueError, match="max_tokens"):
+        token_chunks(units, 0)
