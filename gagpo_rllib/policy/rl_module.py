@@ -372,14 +372,14 @@ class LLMRLModule(TorchRLModule):
         every learner runs as many forwards (each is a collective).
         """
         out: dict[str, list[list[float]]] = {}
-        if not prompts or not (policy or reference):
-            return out, 0.0
+        if not (policy or reference) or (not prompts and not self.sharded):
+            return out, 0.0  # under FSDP a learner without rows still joins every forward
         keys = row_keys_of(prompts, actions, masks)
         uniq = unique_rows(keys)
         u_prompts = [prompts[i] for i in uniq.index]
         u_actions = [actions[i] for i in uniq.index]
         u_masks = [masks[i] for i in uniq.index] if masks is not None else None
-        width = max(len(a) for a in u_actions)
+        width = max((len(a) for a in u_actions), default=1)
         inverse = uniq.inverse.tolist()
         lengths = [len(a) for a in actions]
 

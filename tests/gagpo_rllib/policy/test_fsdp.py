@@ -27,6 +27,7 @@ from gagpo_rllib.rllib.connectors.grouped_advantages import (
 from gagpo_rllib.rllib.learner import GAGPOTorchLearner
 from gagpo_rllib.rllib.plans import task_plan
 from gagpo_rllib.rllib.sharding import GroupShardedTrainingData
+from tests.gagpo_rllib.tolerances import assert_equal_sums, reduction_tolerance, token_positions
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
 
 K, N = 3, 3  # 3 groups on 2 learners: the shards differ in size
@@ -110,6 +111,8 @@ def test_each_learner_holds_half_the_weights_and_of_the_reference(algo: GAGPO) -
 
 @pytest.mark.timeout(600)
 def test_an_update_equals_one_learners_and_reaches_the_env_runner(algo: GAGPO, episodes: list) -> None:
+    """The one-learner update, as its gradient (exact up to summation order; the weights after Adam are not: it
+    scales near-zero gradients up to lr) and the one-learner optimizer's step from that gradient."""
     cfg = algo.config
     before = _on_learners(algo, _full_weights)[0]
     local_cfg = (
@@ -124,18 +127,24 @@ def test_an_update_equals_one_learners_and_reaches_the_env_runner(algo: GAGPO, e
     # Several chunks per step, a different number on each learner: the chunk counts are padded, nothing hangs.
     module = local.module[DEFAULT_MODULE_ID]
     module.train_chunk_tokens = cfg.train_chunk_tokens
-    chunks = [len(module.train_chunks(b)) for b in _learner_batches(local, algo, episodes)]
+    batches = _learner_batches(local, algo, episodes)
+    chunks = [len(module.train_chunks(b)) for b in batches]
     module.train_chunk_tokens = 1 << 20  # the reference: one forward and backward per step
     assert min(chunks) >= 2 and chunks[0] != chunks[1]
 
+    assert not any(_on_learners(algo, _optimizer_state))  # a first step, as the reference's
     local.update(episodes=episodes, num_epochs=1, minibatch_size=None)
     algo.learner_group.update(training_data=_training_data(algo, episodes), num_epochs=1, minibatch_size=None)
+    grads = _on_learners(algo, _full_grads)[0]
     after = _on_learners(algo, _full_weights)[0]
-    expected = local.module[DEFAULT_MODULE_ID].state_dict()
-    moved = 0
-    for k, v in after.items():
-        assert float((v - expected[k]).abs().max()) < 1e-5, k
-        moved += int(not torch.equal(v, before[k]))
+    assert_equal_sums(grads, _grads(local), token_positions(*batches))
+    # The learners' step is the one-learner optimizer's step from that gradient: elementwise, a few eps apart.
+    (optim,) = local._named_optimizers.values()
+    lr = optim.param_groups[0]["lr"]
+    for k, v in _step(optim, before, grads).items():
+        bound = reduction_tolerance(v.dtype, 1, safety=8.0) * (v.abs() + lr)
+        assert bool(((after[k] - v).abs() <= bound).all()), k
+    moved = sum(int(not torch.equal(v, before[k])) for k, v in after.items())
     assert moved > len(after) // 2
     # Still sharded after forwards and backwards (the frozen reference reshards its root after each forward).
     for share in _on_learners(algo, _shard_share):
@@ -145,6 +154,28 @@ def test_an_update_equals_one_learners_and_reaches_the_env_runner(algo: GAGPO, e
     runner_weights = algo.env_runner_group.local_env_runner.module.state_dict()
     for k, v in runner_weights.items():
         assert torch.equal(v, after[k]), k
+
+
+def _full_grads(learner) -> dict[str, torch.Tensor]:
+    """The gradients of the last step, gathered from the shards (a collective), on learner 0."""
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    grads = {n: p.grad.full_tensor() for n, p in module.named_parameters() if p.grad is not None}
+    return grads if dist.get_rank() == 0 else {}
+
+
+def _grads(learner) -> dict[str, torch.Tensor]:
+    module = learner.module[DEFAULT_MODULE_ID]
+    return {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+def _step(optim, weights: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The first step of an optimizer of ``optim``'s type and settings from ``weights`` along ``grads``."""
+    params = {n: torch.nn.Parameter(weights[n].clone()) for n in grads}
+    for n, p in params.items():
+        p.grad = grads[n].clone()
+    fresh = type(optim)(list(params.values()), **{k: optim.param_groups[0][k] for k in optim.defaults})
+    fresh.step()
+    return {n: p.detach() for n, p in params.items()}
 
 
 def _learner_batches(local, algo: GAGPO, episodes: list) -> list[dict]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -74,8 +76,24 @@ def test_token_chunks_count_prompt_and_answer_tokens_and_keep_units_whole():
         rows = sum(units[i][0] for i in chunk)
         width = max(units[i][1] for i in chunk)
         assert rows * width <= 60 or len(chunk) == 1  # a unit over the budget is a chunk alone
-    # sorted by width: the short units share a chunk, the long ones are apart
-    assert chunks[0] == [0, 3]  # 3 rows x 11; adding unit 2 would make 6 x 12 = 72
-    assert [1] in chunks and [4] in chunks
+    # the cuts are the cheapest contiguous partition of the width-sorted units (brute force over all of them)
+    order = sorted(range(len(units)), key=lambda i: (units[i][1], i))
+
+    def cost(parts):
+        total = 0.0
+        for part in parts:
+            padded = sum(units[i][0] for i in part) * max(units[i][1] for i in part)
+            if padded > 60 and len(part) > 1:
+                return float("inf")
+            total += padded + 60 / 32
+        return total
+
+    best = min(
+        cost([order[a:b] for a, b in zip((0, *cuts), (*cuts, len(order)), strict=True)])
+        for k in range(len(order))
+        for cuts in itertools.combinations(range(1, len(order)), k)
+    )
+    assert cost(chunks) == best
+    assert [i for c in chunks for i in c] == order
     with pytest.raises(ValueError, match="max_tokens"):
         token_chunks(units, 0)
