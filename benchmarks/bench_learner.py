@@ -321,6 +321,17 @@ def main() -> None:
         f"model {args.model} on {args.device}, {args.groups}x{args.k} episodes x {args.steps} turns, lengths / "
         f"{args.scale}, budget {args.budget}, checkpointing {args.checkpointing}"
     )
+    prompts, answers = make_rows(args.groups, args.k, args.steps, args.scale, args.seed)
+    seen: set[tuple[int, ...]] = set()
+    repeated = 0
+    for p in prompts:
+        repeated += len(p) if tuple(p) in seen else 0
+        seen.add(tuple(p))
+    real = sum(len(p) + len(a) for p, a in zip(prompts, answers, strict=True))
+    print(
+        f"prompt tokens of rows whose prompt an earlier row of the minibatch has (all that shared-prompt reuse"
+        f" could skip): {100 * repeated / real:.1f}% of the real tokens"
+    )
     head = f"{'variant':<24}{'dtype':<10}{'s/step':>8}{'tok/s':>10}{'/plain':>8}{'padding':>9}{'vocab GiB':>11}{'/slice':>8}"
     if args.device == "cuda":
         head += f"{'peak GiB':>10}{'MFU':>7}"

@@ -24,6 +24,7 @@ __all__ = [
     "derive_seed",
     "mix_seed",
     "salted_rng",
+    "shuffle_rng",
 ]
 
 # The tasks of an iteration's plan (rllib.plans.task_plan).
@@ -63,6 +64,12 @@ def salted_rng(seed: int, salt: int) -> np.random.Generator:
 def derive_seed(*parts: int) -> int:
     """A 31-bit seed from integer parts, each cut to its low 32 bits (the plans' env and generation seeds)."""
     return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0] >> 1)
+
+
+def shuffle_rng(seed: int, update: int, epoch: int, rank: int) -> np.random.Generator:
+    """The minibatch order of one learner's epoch within an update (``update``: the weights' sequence number,
+    checkpointed, so a restored run shuffles as the uninterrupted one)."""
+    return np.random.default_rng([int(seed), int(update), int(epoch), int(rank)])
 
 
 def mix_seed(*parts: int) -> int:

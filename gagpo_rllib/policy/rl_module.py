@@ -592,13 +592,18 @@ class LLMRLModule(TorchRLModule):
             return state
         return convert_to_numpy(state)
 
-    def weights_finite(self) -> bool:
-        """Whether every trained weight is finite, checked where the weights live (one host sync on a GPU)."""
-        params = [p for p in self.parameters() if p.is_floating_point()]
-        if not params:
-            return True
-        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
-        return bool(torch.stack([torch.isfinite(p).all() for p in local if p.numel()]).all())
+    def nonfinite_weights(self) -> list[str]:
+        """Names of the floating-point weights holding a NaN or an infinity, checked where the weights live
+        (on a GPU one host sync for the whole model; under FSDP this learner's shards)."""
+        named = [
+            (n, p) for n, p in self.state_dict(keep_vars=True).items() if p.is_floating_point() and p.numel()
+        ]
+        if not named:
+            return []
+        local = [p.to_local() if hasattr(p, "to_local") else p for _, p in named]
+        with torch.no_grad():
+            finite = torch.stack([torch.isfinite(p).all() for p in local]).cpu()
+        return [n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok]
 
     def _lora_state(self, inference_only: bool) -> dict[str, Any]:
         """Under LoRA, ``inference_only`` (what EnvRunners load, in the rollout dtype): the policy's adapters for

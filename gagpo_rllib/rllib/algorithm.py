@@ -204,10 +204,7 @@ class GAGPO(Algorithm):
         """
         super().restore_from_path(path, *args, **kwargs)
 
-        def forget_seq_no(runner) -> None:
-            runner._weights_seq_no = 0
-
-        self.env_runner_group.foreach_env_runner(forget_seq_no, local_env_runner=True)
+        self.env_runner_group.foreach_env_runner(lambda r: r.set_weights_seq_no(0), local_env_runner=True)
         sync_env_runners(self.env_runner_group, self.learner_group)
 
     def training_step(self) -> None:

@@ -73,7 +73,7 @@ class GAGPOCriticTorchLearner(GAGPOTorchLearner):
     """``GAGPOTorchLearner`` plus the value loss; logs ``value_loss``, ``vf_explained_var``, ``value_mean``."""
 
     def configure_optimizers_for_module(self, module_id: ModuleID, config: Any = None) -> None:
-        module = self._module[module_id]
+        module = self.module[module_id]
         critic = module.unwrapped().critic_parameters()  # unwrapped: also under DDP
         critic_ids = {id(p) for p in critic}
         policy = [p for p in self.get_parameters(module) if id(p) not in critic_ids]

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 
 import torch
 from ray.rllib.core.columns import Columns as RLlibColumns
-from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.seeds import derive_seed
+from gagpo_rllib.rllib.rllib_internals import RunnerInternals
 from gagpo_rllib.rllib.threads import set_torch_threads
 
 __all__ = ["EnvError", "GAGPOEnvRunner", "PlannedEpisode", "RolloutStats", "episode_env_error"]
@@ -80,7 +80,7 @@ class RolloutStats:
     env_errors: list[EnvError] = field(default_factory=list)
 
 
-class GAGPOEnvRunner(SingleAgentEnvRunner):
+class GAGPOEnvRunner(RunnerInternals):
     """``SingleAgentEnvRunner`` plus ``sample_groups(plan)``; needs ``gym_env_vectorize_mode='sync'``.
 
     Sets torch's threads to its CPU share (``gagpo_rllib.rllib.threads``) before the module is built.
@@ -107,7 +107,7 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
             "rollout_engine": int(self.worker_index or 0) > 0,
         }
         self.module = spec.build()
-        self.module.to(self._device)
+        self.module.to(self.device)
 
     def engine_report(self) -> dict:
         """Where this runner runs and how many vLLM engines its process started (0 without the vLLM backend)."""
@@ -144,10 +144,6 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
     def has_env(self) -> bool:
         """Whether this runner can play episodes (the local runner of a job with remote runners has no env)."""
         return self.env is not None
-
-    def weights_seq_no(self) -> int:
-        """The sequence number of the weights this runner holds (0 for a fresh, never-synced runner)."""
-        return int(self._weights_seq_no)
 
     def sample_groups(
         self, plan: Sequence[PlannedEpisode], *, gen_seed: int | None = None, explore: bool = True
@@ -224,14 +220,7 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
             live = [i for i, s in enumerate(slots) if s is not None]
             episodes = [slots[i] for i in live]
             t0 = time.perf_counter()
-            to_module = self._env_to_module(
-                rl_module=self.module,
-                batch={},
-                episodes=episodes,
-                explore=explore,
-                shared_data={},
-                metrics=self.metrics,
-            )
+            to_module = self.env_to_module(episodes, explore=explore)
             stats.connector_s += time.perf_counter() - t0
             bases = [row_seed_base(items[i]) for i in live]
             if all(b is not None for b in bases):
@@ -245,14 +234,7 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
             stats.generate_calls += 1
             stats.generated_tokens += sum(len(ids) for ids in out[Columns.ACTION_IDS])
             t0 = time.perf_counter()
-            to_env = self._module_to_env(
-                rl_module=self.module,
-                batch=out,
-                episodes=episodes,
-                explore=explore,
-                shared_data={},
-                metrics=self.metrics,
-            )
+            to_env = self.module_to_env(out, episodes, explore=explore)
             stats.connector_s += time.perf_counter() - t0
             actions = to_env.pop(RLlibColumns.ACTIONS)
             env_actions = to_env.pop(RLlibColumns.ACTIONS_FOR_ENV, actions)
@@ -281,8 +263,7 @@ class GAGPOEnvRunner(SingleAgentEnvRunner):
                     done.append(episodes[j])
                     slots[i], items[i] = None, None
                     start(i)
-        self._done_episodes_for_metrics.extend(done)
-        self._increase_sampled_metrics(stats.env_steps, len(done))
+        self.count_sampled(done, stats.env_steps)
         return done, stats
 
 

@@ -142,7 +142,7 @@ class GAGPOTorchLearner(ChunkedTorchLearner):
     def log_step_stats(self, module_id: str, stats: StepStats) -> None:
         """The step's statistics over all learners (one reduction), logged once per optimizer step."""
         values, global_rows = reduce_step_stats(
-            stats, self._device, means=self.step_means, highs=_HIGHS, lows=("ratio_min",)
+            stats, self.device, means=self.step_means, highs=_HIGHS, lows=("ratio_min",)
         )
         stats.global_rows = global_rows
         if all(np.isfinite(v) for v in values.values()):
@@ -160,7 +160,7 @@ class GAGPOTorchLearner(ChunkedTorchLearner):
             else True
         )
         bad = not (self.step_stats.finite and norm_finite)
-        bad = agree_max(float(bad), grads[0].device if grads else self._device) > 0
+        bad = agree_max(float(bad), grads[0].device if grads else self.device) > 0
         self.step_stats.skipped = bad
         if bad:
             return gradients_dict
@@ -169,7 +169,7 @@ class GAGPOTorchLearner(ChunkedTorchLearner):
     def apply_gradients(self, gradients_dict) -> None:
         _, rank = world()
         step = self.step_stats
-        for module_id in self._module_optimizers:
+        for module_id in self.trained_module_ids():
             self.metrics.log_value(
                 (module_id, NONFINITE_SKIPPED), float(step.skipped and rank == 0), reduce="sum"
             )
@@ -177,11 +177,10 @@ class GAGPOTorchLearner(ChunkedTorchLearner):
             if step.skipped:
                 logger.warning(
                     "GAGPO learner: update %d, minibatch %d: loss or gradient norm not finite, step skipped",
-                    self._weights_seq_no,
+                    self.update_count,
                     getattr(self, "_minibatch_index", 0),
                 )
-            for param in self._params.values():
-                param.grad = None
+            self.drop_gradients()
             return
         super().apply_gradients(gradients_dict)
 
@@ -189,7 +188,10 @@ class GAGPOTorchLearner(ChunkedTorchLearner):
     def get_state(self, components=None, *, not_components=None, **kwargs):
         state = super().get_state(components, not_components=not_components, **kwargs)
         for module_id, weights in (state.get(COMPONENT_RL_MODULE) or {}).items():
-            bad = [name for name, w in weights.items() if not _finite(w)]
+            if self.sharded:  # the gathered host copy on learner 0
+                bad = [name for name, w in weights.items() if not _finite(w)]
+            else:  # on the device, before anything reaches the host
+                bad = self.module[module_id].unwrapped().nonfinite_weights()
             if bad:
                 raise RuntimeError(
                     f"GAGPO learner: weights {bad[:5]} of {module_id} are not finite; not handing them out"

@@ -22,6 +22,7 @@ from gagpo_rllib.method.seeds import (
     TASK_PLAN_SALT,
     derive_seed,
     salted_rng,
+    shuffle_rng,
 )
 from gagpo_rllib.rllib.env_runner import PlannedEpisode
 
@@ -146,9 +147,3 @@ def episode_gen_seed(seed: int, iteration: int, episode: PlannedEpisode, attempt
 def validation_seed(seed: int) -> int:
     """The base of validation's generation seeds (``episode_gen_seed``), apart from training's for one seed."""
     return derive_seed(seed, EVALUATION_SALT)
-
-
-def shuffle_rng(seed: int, update: int, epoch: int, rank: int) -> np.random.Generator:
-    """The minibatch order of one learner's epoch within an update (``update``: the weights' sequence number,
-    checkpointed, so a restored run shuffles as the uninterrupted one)."""
-    return np.random.default_rng([int(seed), int(update), int(epoch), int(rank)])

@@ -18,28 +18,64 @@ methods of ``ray.rllib.core.learner.learner.Learner`` / ``...torch.torch_learner
   and each load) and served from that copy, since RLlib asks learner 0 alone.
 
 The loss of one chunk is ``compute_loss_for_module`` (RLlib's hook, here called once per chunk); its statistics
-go to ``self.step_stats`` and are reduced over the learners once per step by ``log_step_stats``.
+go to ``self.step_stats`` and are reduced over the learners once per step by ``log_step_stats``. The module
+answers the chunked step through ``ChunkedModule``, a small typed protocol.
+
+``RunnerInternals`` is a ``SingleAgentEnvRunner`` whose connectors, device, metrics counters and weights' sequence
+number its subclass reaches through public methods; ``local_learner``, ``on_first_learner`` and
+``route_whole_group_syncs`` do the same for a ``LearnerGroup`` and an ``EnvRunnerGroup``. Nothing else in the
+package touches a private attribute of RLlib (``tests/gagpo_rllib/rllib/test_rllib_boundary.py`` fails if it does),
+and importing this module checks that the installed RLlib is the version these overrides were written against.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import ray
 import torch
 from ray.rllib.core import COMPONENT_OPTIMIZER
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.numpy import convert_to_numpy
 
 from gagpo_rllib.columns import Columns
+from gagpo_rllib.method.seeds import shuffle_rng
 from gagpo_rllib.policy.distributed import StepStats, agree_sum, world
-from gagpo_rllib.rllib.plans import shuffle_rng
 from gagpo_rllib.rllib.sharding import epoch_minibatches, minibatches_per_epoch
 
-__all__ = ["ROW_WEIGHT", "ChunkedTorchLearner"]
+__all__ = [
+    "RLLIB_VERSION",
+    "ROW_WEIGHT",
+    "ChunkedModule",
+    "ChunkedTorchLearner",
+    "RunnerInternals",
+    "check_rllib_version",
+    "local_learner",
+    "on_first_learner",
+    "route_whole_group_syncs",
+]
+
+# The RLlib release whose private methods this module overrides (pyproject pins it).
+RLLIB_VERSION = "2.60.0"
+
+
+def check_rllib_version(installed: str) -> None:
+    """Raise unless ``installed`` is the release of ``RLLIB_VERSION`` (any patch level of it): the overrides below
+    replace private RLlib methods, which change between releases without notice."""
+    want, got = RLLIB_VERSION.split(".")[:2], installed.split(".")[:2]
+    if got != want:
+        raise ImportError(
+            f"gagpo_rllib overrides RLlib internals written against ray[rllib]=={RLLIB_VERSION}; ray {installed} is"
+            f" installed. Install ray[rllib]=={RLLIB_VERSION} (pyproject.toml pins it)."
+        )
+
+
+check_rllib_version(ray.__version__)
 
 # Per-row loss weight column: 1 for trained rows, 0 for stand-ins; scaled to N / (rows of the step over all
 # learners) before the loss, so that the learners' summed (DDP: averaged x N) gradients are the step's mean.
@@ -95,15 +131,65 @@ def _tensors(value: Any, device: torch.device) -> Any:
     return value
 
 
+@runtime_checkable
+class ChunkedModule(Protocol):
+    """What ``ChunkedTorchLearner`` asks of the RLModule it trains (``LLMRLModule`` and its critic subclass)."""
+
+    pad_token_id: int
+
+    def train_chunks(self, batch: Any) -> list[np.ndarray]:
+        """Row positions of the minibatch per forward and backward, each within the module's token budget."""
+
+    def forward_rounds(self, count: int) -> int:
+        """Forwards to run for ``count`` of this learner's (under FSDP the most over the learners)."""
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        """FSDP: reduce gradients in this backward or accumulate them."""
+
+    def shard_fsdp(self) -> None:
+        """Shard the trained models over the learners (FSDP)."""
+
+    def gather_full_state(self) -> None:
+        """FSDP: gather the full weights to learner 0 (a collective)."""
+
+
 class ChunkedTorchLearner(TorchLearner):
     """A ``TorchLearner`` with covering minibatches, chunked backward, low-precision checkpoints and FSDP."""
 
     step_stats: StepStats
 
+    # ------------------------------------------------------------------------------------------ public views
+    @property
+    def device(self) -> torch.device:
+        """The device this learner trains on."""
+        return self._device
+
+    @property
+    def update_count(self) -> int:
+        """Updates applied so far (RLlib's weights sequence number; checkpointed)."""
+        return int(self._weights_seq_no)
+
+    def trained_module_ids(self) -> list[str]:
+        """The modules that have optimizers."""
+        return list(self._module_optimizers)
+
+    def drop_gradients(self) -> None:
+        """Forget the accumulated gradients of every trained parameter (a skipped step)."""
+        for param in self._params.values():
+            param.grad = None
+
     # ------------------------------------------------------------------------------------------ module hooks
-    def _inner(self, module_id: str) -> Any:
+    def _inner(self, module_id: str) -> ChunkedModule:
         """The RLModule itself (under DDP the wrapped one)."""
-        return self.module[module_id].unwrapped()
+        inner = self.module[module_id].unwrapped()
+        if not isinstance(inner, ChunkedModule):
+            missing = [
+                name
+                for name in ("pad_token_id", *(m for m in dir(ChunkedModule) if not m.startswith("_")))
+                if not hasattr(inner, name)
+            ]
+            raise TypeError(f"{type(inner).__name__} cannot train chunk by chunk: it lacks {missing}")
+        return inner
 
     @property
     def sharded(self) -> bool:
@@ -118,7 +204,7 @@ class ChunkedTorchLearner(TorchLearner):
     def _make_module(self):
         module = super()._make_module()
         if self.sharded:
-            for sub in module.values():
+            for sub in module.values():  # not yet wrapped: the RLModules themselves
                 sub.shard_fsdp()
         return module
 
@@ -188,7 +274,7 @@ class ChunkedTorchLearner(TorchLearner):
             rng = None
             if shuffle and per_epoch > 1:
                 # The update's sequence number is checkpointed: a restored run shuffles as the uninterrupted one.
-                rng = shuffle_rng(int(self.config.seed or 0), self._weights_seq_no, epoch, rank)
+                rng = shuffle_rng(int(self.config.seed or 0), self.update_count, epoch, rank)
             for idx in epoch_minibatches(n, per_epoch, rng):
                 if done == total:
                     break
@@ -223,7 +309,7 @@ class ChunkedTorchLearner(TorchLearner):
         self._compute_off_policyness(batch)
         ((module_id, module_batch),) = batch.items()
         module = self.module[module_id]
-        inner = module.unwrapped()
+        inner = self._inner(module_id)
         config = self.config.get_config_for_module(module_id)
 
         weights = torch.as_tensor(module_batch[Columns.ROW_WEIGHT], dtype=torch.float32)
@@ -333,3 +419,93 @@ class ChunkedTorchLearner(TorchLearner):
                 continue
             saved = entry["state"]
             optim.load_state_dict({**saved, "state": _tensors(saved["state"], self._device)})
+
+
+# ---------------------------------------------------------------------------------------------------- EnvRunners
+class RunnerInternals(SingleAgentEnvRunner):
+    """A ``SingleAgentEnvRunner`` whose internals a subclass with its own sampling loop reaches through methods."""
+
+    @property
+    def device(self) -> torch.device:
+        """The device the runner's module lives on."""
+        return self._device
+
+    def env_to_module(self, episodes: list, *, explore: bool) -> dict:
+        """RLlib's env-to-module connector pipeline on ``episodes`` (the module's forward input)."""
+        return self._env_to_module(
+            rl_module=self.module,
+            batch={},
+            episodes=episodes,
+            explore=explore,
+            shared_data={},
+            metrics=self.metrics,
+        )
+
+    def module_to_env(self, out: dict, episodes: list, *, explore: bool) -> dict:
+        """RLlib's module-to-env connector pipeline on the module's output ``out`` (actions for the envs)."""
+        return self._module_to_env(
+            rl_module=self.module,
+            batch=out,
+            episodes=episodes,
+            explore=explore,
+            shared_data={},
+            metrics=self.metrics,
+        )
+
+    def count_sampled(self, done: Sequence, env_steps: int) -> None:
+        """Account finished episodes and env steps as RLlib's ``sample`` does (its episode and step metrics)."""
+        self._done_episodes_for_metrics.extend(done)
+        self._increase_sampled_metrics(env_steps, len(done))
+
+    def weights_seq_no(self) -> int:
+        """The sequence number of the weights this runner holds (0 for a fresh, never-synced runner)."""
+        return int(self._weights_seq_no)
+
+    def set_weights_seq_no(self, seq_no: int) -> None:
+        """Record ``seq_no`` as held without loading weights (0: the next sync loads whatever its number)."""
+        self._weights_seq_no = int(seq_no)
+
+
+# ------------------------------------------------------------------------------------------------- groups
+def local_learner(learner_group: Any) -> ChunkedTorchLearner:
+    """The learner of a local ``LearnerGroup`` (``num_learners=0``)."""
+    if not learner_group.is_local:
+        raise ValueError("the learner group has remote learners; use on_first_learner")
+    return learner_group._learner
+
+
+def on_first_learner(learner_group: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn(learner)`` on the first healthy remote learner; its result (errors raised here)."""
+    first = learner_group._worker_manager.healthy_actor_ids()[0]
+    results = learner_group.foreach_learner(fn, remote_actor_ids=[first])
+    return learner_group._get_results(results)[0]
+
+
+def route_whole_group_syncs(group: Any, learner_group: Any, sync: Callable[[Any, Any], Any]) -> None:
+    """Send RLlib's own whole-group, inference-only syncs of ``group`` from ``learner_group`` (the evaluation
+    runners' before each validation) through ``sync(group, learner_group)``; partial ones (restored runners,
+    chosen policies) stay RLlib's ``EnvRunnerGroup.sync_weights``."""
+    rllib_sync = group.sync_weights
+
+    def sync_weights(
+        policies: Any = None,
+        from_worker_or_learner_group: Any = None,
+        to_worker_indices: Any = None,
+        global_vars: Any = None,
+        timeout_seconds: float | None = 0.0,
+        inference_only: bool | None = False,
+    ) -> None:
+        whole = policies is None and to_worker_indices is None and global_vars is None
+        if from_worker_or_learner_group is learner_group and inference_only and whole:
+            sync(group, learner_group)
+            return
+        rllib_sync(
+            policies=policies,
+            from_worker_or_learner_group=from_worker_or_learner_group,
+            to_worker_indices=to_worker_indices,
+            global_vars=global_vars,
+            timeout_seconds=timeout_seconds,
+            inference_only=inference_only,
+        )
+
+    group.sync_weights = sync_weights

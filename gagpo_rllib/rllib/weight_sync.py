@@ -25,6 +25,8 @@ import torch
 from ray.rllib.core import COMPONENT_RL_MODULE
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
+from gagpo_rllib.rllib.rllib_internals import local_learner, on_first_learner, route_whole_group_syncs
+
 __all__ = [
     "PublishedWeights",
     "SyncReport",
@@ -87,10 +89,8 @@ def _publish(learner: Any) -> PublishedWeights:
 def publish_weights(learner_group: Any) -> PublishedWeights:
     """Learner 0 (or the local learner) publishes its weights; only the reference comes back to the caller."""
     if learner_group.is_local:
-        return _publish(learner_group._learner)
-    first = learner_group._worker_manager.healthy_actor_ids()[0]
-    results = learner_group.foreach_learner(_publish, remote_actor_ids=[first])
-    return learner_group._get_results(results)[0]
+        return _publish(local_learner(learner_group))
+    return on_first_learner(learner_group, _publish)
 
 
 def sync_env_runners(
@@ -112,7 +112,7 @@ def sync_env_runners(
     local = group.local_env_runner if worker_ids is None else None
     if group.num_remote_env_runners() == 0 and learner_group.is_local:
         # All in this process: the state goes to the local runner as it is (no object store, no Ray needed).
-        module_state, seq_no = _inference_state(learner_group._learner)
+        module_state, seq_no = _inference_state(local_learner(learner_group))
         nbytes, count = state_nbytes(module_state)
         if local is not None:
             local.set_state({COMPONENT_RL_MODULE: module_state, WEIGHTS_SEQ_NO: seq_no})
@@ -136,44 +136,21 @@ def sync_env_runners(
             local.set_state(state)
             runners += 1
         else:
-            local._weights_seq_no = published.seq_no  # the reference the remote runners are checked against
+            local.set_weights_seq_no(published.seq_no)  # the reference the remote runners are checked against
     return SyncReport(published.nbytes, published.num_tensors, runners, time.perf_counter() - start)
 
 
 def route_learner_syncs(group: Any, learner_group: Any) -> None:
     """Send RLlib's own whole-group syncs of ``group`` from ``learner_group`` (the evaluation runners' before each
     validation) through ``sync_env_runners``; partial ones (restored runners, chosen policies) stay RLlib's."""
-    rllib_sync = group.sync_weights
-
-    def sync_weights(
-        policies: Any = None,
-        from_worker_or_learner_group: Any = None,
-        to_worker_indices: Any = None,
-        global_vars: Any = None,
-        timeout_seconds: float | None = 0.0,
-        inference_only: bool | None = False,
-    ) -> None:
-        whole = policies is None and to_worker_indices is None and global_vars is None
-        if from_worker_or_learner_group is learner_group and inference_only and whole:
-            sync_env_runners(group, learner_group)
-            return
-        rllib_sync(
-            policies=policies,
-            from_worker_or_learner_group=from_worker_or_learner_group,
-            to_worker_indices=to_worker_indices,
-            global_vars=global_vars,
-            timeout_seconds=timeout_seconds,
-            inference_only=inference_only,
-        )
-
-    group.sync_weights = sync_weights
+    route_whole_group_syncs(group, learner_group, lambda g, lg: sync_env_runners(g, lg))
 
 
 def sync_local_runner(group: Any, learner_group: Any) -> None:
     """Load the learners' current weights into ``group``'s local runner, which a run with remote runners keeps
     without them; called before it plays in their place (no healthy remote runner, a local env)."""
     if learner_group.is_local:
-        module_state, _ = _inference_state(learner_group._learner)
+        module_state, _ = _inference_state(local_learner(learner_group))
     else:
         module_state = ray.get(publish_weights(learner_group).ref)
     group.local_env_runner.set_state({COMPONENT_RL_MODULE: module_state, WEIGHTS_SEQ_NO: 0})

@@ -326,7 +326,9 @@ class GroupedAdvantages(ConnectorV2):
             Columns.INVALID: torch.as_tensor(rows.invalid[idx], dtype=torch.float32),
         }
         if reference:
-            data[Columns.REF_LOGP] = _pad(passed.get(Columns.REF_LOGP, []), a_width, 0.0, torch.float32, left=False)
+            data[Columns.REF_LOGP] = _pad(
+                passed.get(Columns.REF_LOGP, []), a_width, 0.0, torch.float32, left=False
+            )
             data[Columns.REFERENCE_CACHE_HIT_SHARE] = torch.full((len(idx),), float(hit_share))
         if masks is not None:
             data[Columns.ALLOWED_IDS] = self._allowed_ids(masks, a_width)

@@ -129,6 +129,11 @@ def test_gpu_learners_train_fp32_masters_with_checkpointing_and_shard_on_request
     monkeypatch.setenv("GAGPO_LEARNER_SHARDING", "fsdp")
     assert sharding_from_env() == "fsdp"
     assert _config(tiny_policy_path, num_gpus=4, num_learners=2, num_env_runners=2).learner_sharding == "fsdp"
+    # GPU learners' bundles hold CPUs for their host work (RLlib's "auto" gives a GPU learner none).
+    monkeypatch.delenv("GAGPO_CPUS_PER_LEARNER", raising=False)
+    assert c.num_cpus_per_learner == 4 and _config(tiny_policy_path).num_cpus_per_learner == "auto"
+    monkeypatch.setenv("GAGPO_CPUS_PER_LEARNER", "8")
+    assert _config(tiny_policy_path, num_gpus=4, num_learners=2, num_env_runners=2).num_cpus_per_learner == 8
     monkeypatch.setenv("GAGPO_LEARNER_SHARDING", "zero3")
     with pytest.raises(ValueError, match="GAGPO_LEARNER_SHARDING: one of \\('ddp', 'fsdp'\\), got 'zero3'"):
         _config(tiny_policy_path)
