@@ -69,6 +69,19 @@ def _add_train_file(sub: argparse._SubParsersAction) -> None:
         help="checkpoint when done",
     )
     p.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=None,
+        help="keep only the N most recent checkpoints, plus the best as best_checkpoint in the trial folder"
+        " (default 2; 0: keep all)",
+    )
+    p.add_argument(
+        "--keep-best-by",
+        default=None,
+        help="the result metric (flattened name, e.g. evaluation/env_runners/gagpo/success_rate) that picks the"
+        " best checkpoint (default: the success rate)",
+    )
+    p.add_argument(
         "--storage-path",
         "--storage",
         dest="storage_path",
@@ -435,6 +448,8 @@ def run_train_file(args: argparse.Namespace) -> int:
         name=args.name,
         checkpoint_freq=args.checkpoint_freq,
         checkpoint_at_end=args.checkpoint_at_end,
+        **({} if args.keep_checkpoints is None else {"keep_checkpoints": args.keep_checkpoints or None}),
+        keep_best_by=args.keep_best_by,
         restore=args.restore,
         resume=args.resume,
         max_failures=args.max_failures,

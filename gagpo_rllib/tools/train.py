@@ -7,10 +7,12 @@ checkpoints; this module adds the RLlib-CLI semantics on top and keeps the termi
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
 import runpy
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,7 @@ __all__ = [
     "train",
     "find_metric",
     "describe_env",
+    "KeepBestCheckpoint",
     "ProgressPrinter",
     "StopRule",
     "with_ray_metrics",
@@ -40,6 +43,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SUCCESS_KEYS = ("success_rate", "episode_success_mean", "won_mean")
+# Checkpoints a run keeps by default: the most recent ones (plus the best, see KeepBestCheckpoint).
+KEEP_CHECKPOINTS = 2
+BEST_CHECKPOINT = "best_checkpoint"
 
 
 @dataclass
@@ -184,6 +190,59 @@ class StopRule(tune.Stopper):
 
     def stop_all(self) -> bool:
         return False
+
+
+class KeepBestCheckpoint(tune.Callback):
+    """Copies a trial's checkpoint to ``<trial folder>/best_checkpoint`` when its metric is the trial's best so far
+    (ties: the later one), so that pruning to the last N checkpoints never loses the best.
+
+    ``metric``: a flattened result name (``"evaluation/env_runners/gagpo/success_rate"``); None: the success metric
+    ``find_metric`` reads. A checkpoint whose result lacks the metric is not considered (counted and logged).
+    """
+
+    def __init__(self, metric: str | None = None):
+        self.metric = metric
+        self.best: dict[str, float] = {}
+        self.without_metric = 0
+
+    def value(self, result: Mapping[str, Any]) -> float | None:
+        if self.metric is None:
+            return find_metric(result)
+        value = _flatten(result).get(self.metric)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
+        value = self.value(trial.last_result or {})
+        trial_id = str(trial.trial_id)
+        if value is None or not math.isfinite(value):
+            self.without_metric += 1
+            logger.warning(
+                "keep best checkpoint: trial %s's result has no %s (%d checkpoints without it)",
+                trial_id,
+                self.metric or f"success metric ({', '.join(SUCCESS_KEYS)})",
+                self.without_metric,
+            )
+            return
+        dest = Path(trial.local_path) / BEST_CHECKPOINT
+        if trial_id not in self.best and (dest / "best.json").is_file():  # a resumed run: the best so far
+            self.best[trial_id] = float(json.loads((dest / "best.json").read_text())["value"])
+        if value < self.best.get(trial_id, -math.inf):
+            return
+        self.best[trial_id] = value
+        staging = dest.with_name(BEST_CHECKPOINT + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        checkpoint.to_directory(str(staging))
+        (staging / "best.json").write_text(
+            json.dumps(
+                {
+                    "metric": self.metric or "success",
+                    "value": value,
+                    "training_iteration": int((trial.last_result or {}).get("training_iteration", 0)),
+                }
+            )
+        )
+        shutil.rmtree(dest, ignore_errors=True)
+        staging.rename(dest)
 
 
 class ProgressPrinter(tune.Callback):
@@ -376,6 +435,8 @@ def train(
     shared_storage: bool = False,
     listen_all: bool = False,
     plateau_patience: int | None = None,
+    keep_checkpoints: int | None = KEEP_CHECKPOINTS,
+    keep_best_by: str | None = None,
 ) -> tune.ResultGrid:
     """Train ``config`` under Tune until ``stop``; returns the ResultGrid and prints where results went.
 
@@ -386,8 +447,12 @@ def train(
     supports (``s3://``, ``gs://``, ...); on a cluster of several nodes a node-local folder is refused
     (``check_storage``; ``shared_storage`` declares it a shared mount). ``listen_all``: a Ray started here listens
     on every interface instead of loopback only. ``plateau_patience`` N: also stop a trial whose success has not
-    risen for N iterations (``StopRule``); the reason a trial stopped is printed.
+    risen for N iterations (``StopRule``); the reason a trial stopped is printed. ``keep_checkpoints`` N: only
+    the N most recent checkpoints stay (None: all), and the best by ``keep_best_by`` (default: the success
+    metric) is kept as ``best_checkpoint`` in the trial folder (``KeepBestCheckpoint``).
     """
+    if keep_checkpoints is not None and (not isinstance(keep_checkpoints, int) or keep_checkpoints < 1):
+        raise ValueError(f"keep_checkpoints: None or an integer >= 1, got {keep_checkpoints!r}")
     init_ray(num_cpus=num_cpus, dashboard=dashboard, listen_all=listen_all)
     if dashboard:
         config = with_ray_metrics(config)
@@ -412,9 +477,11 @@ def train(
         storage_path=storage_path,
         stop=stop_rule,
         verbose=verbose,
-        callbacks=[ProgressPrinter(stop, stop_rule)],
+        callbacks=[ProgressPrinter(stop, stop_rule), KeepBestCheckpoint(keep_best_by)],
         checkpoint_config=tune.CheckpointConfig(
-            checkpoint_frequency=checkpoint_freq, checkpoint_at_end=checkpoint_at_end
+            checkpoint_frequency=checkpoint_freq,
+            checkpoint_at_end=checkpoint_at_end,
+            num_to_keep=keep_checkpoints,
         ),
         failure_config=tune.FailureConfig(max_failures=max_failures),
     )

@@ -92,6 +92,27 @@ def test_bad_arguments_are_named(tmp_path: Path, capsys) -> None:
     assert (args.checkpoint, args.out_dir, args.dtype) == ("ckpt", "out", "bfloat16")
 
 
+def test_a_run_keeps_its_last_checkpoints_and_the_best(
+    ray_session, tmp_path: Path, tiny_policy_path: Path
+) -> None:
+    train_file = write_train_file(tmp_path, tiny_policy_path)
+    storage = tmp_path / "results"
+    args = ["train", "file", str(train_file), "--stop", '{"training_iteration": 4}', "--checkpoint-freq", "1"]
+    assert main([*args, "--storage-path", str(storage), "--name", "kept", "--keep-checkpoints", "2"]) == 0
+    kept = sorted(p.name for p in (storage / "kept").rglob("checkpoint_0*"))
+    assert kept == ["checkpoint_000002", "checkpoint_000003"]  # Tune counts from 0: iterations 3 and 4
+    (best,) = (storage / "kept").rglob("best_checkpoint")
+    assert (best / "rllib_checkpoint.json").is_file()
+    chosen = json.loads((best / "best.json").read_text())
+    success = [float(r["gagpo/success_rate"]) for r in progress_rows(storage / "kept")]
+    assert chosen["value"] == pytest.approx(max(success))
+    # ties: the later checkpoint
+    assert chosen["training_iteration"] == max(i + 1 for i, v in enumerate(success) if v == max(success))
+    # 0 keeps every checkpoint
+    assert main([*args, "--storage-path", str(storage), "--name", "all", "--keep-checkpoints", "0"]) == 0
+    assert len(list((storage / "all").rglob("checkpoint_0*"))) == 4
+
+
 def test_train_file_checkpoints_and_restores(
     ray_session, tmp_path: Path, tiny_policy_path: Path, capsys
 ) -> None:
