@@ -66,6 +66,7 @@ FIELDS = (
     "value_loss",
     "episodes_sampled",
     "uniform_group_share",
+    "vf_explained_var",
 )
 # GAGPO ablations: (advantage estimator, GAGPOConfig.gagpo overrides). Plain "gagpo" is the lam 0.95 point.
 ABLATIONS = {
@@ -77,6 +78,10 @@ ABLATIONS = {
 # LoRA instead of full fine-tuning (not part of the protocol): rank 16 on every linear kind, alpha 32, lr 2e-3.
 LORA_VARIANTS = {
     "gagpo-lora": ("gagpo", {"lora_rank": 16, "lr": 2e-3}),
+}
+# bf16 autocast over float32 master weights on the CPU (not part of the protocol): the same run in another dtype.
+PRECISION_VARIANTS = {
+    "gagpo-bf16": ("gagpo", {"dtype": "bfloat16"}),
 }
 # Dynamic sampling (GAGPOConfig.dynamic_sampling) on top of an estimator; these runs spend the same budget counted
 # in sampled episodes (iterations x 8 x 8), so they run fewer iterations (see ``episode_curve``).
@@ -104,7 +109,7 @@ HARD_POLICY_DIR = Path(
 
 def variants() -> tuple[str, ...]:
     """Every selectable run name: the estimators, then the GAGPO ablations."""
-    return (*ESTIMATORS, *ABLATIONS, *LORA_VARIANTS)
+    return (*ESTIMATORS, *ABLATIONS, *LORA_VARIANTS, *PRECISION_VARIANTS)
 
 
 def no_state_grouping(info: dict, episode: object = None) -> str:
@@ -125,7 +130,7 @@ def hard_policy() -> Path:
 def make_run_config(variant: str, seed: int, task: str):
     """The embedded default with the variant's estimator and overrides, on the task's env and policy."""
     example = runpy.run_path(str(ROOT / "tuned_examples" / "gagpo_builtin.py"), run_name="learning_curves")
-    estimator, overrides = {**ABLATIONS, **LORA_VARIANTS}.get(variant, (variant, {}))
+    estimator, overrides = {**ABLATIONS, **LORA_VARIANTS, **PRECISION_VARIANTS}.get(variant, (variant, {}))
     overrides = dict(overrides)
     config = example["make_config"](estimator=estimator, seed=seed, num_env_runners=0)
     if TASKS[task]:
@@ -180,6 +185,7 @@ def run_one(
                     "value_loss": float(lp.get("value_loss", np.nan)),
                     "episodes_sampled": float(sampled + g["num_episodes"]),
                     "uniform_group_share": float(g.get("uniform_group_share", np.nan)),
+                    "vf_explained_var": float(lp.get("vf_explained_var", np.nan)),
                 }
             )
             sampled += int(g["num_episodes"])
@@ -315,6 +321,28 @@ def dynamic_lines(rows: list[dict]) -> str:
             f"- {est}: {np.mean(iters):.0f} iterations on average for the budget ({min(iters)}-{max(iters)}); "
             f"uniform groups {np.nanmean([r['uniform_group_share'] for r in mine]):.0%} of those sampled; "
             f"{np.mean(extra):.1f} extra episodes per iteration (first iteration: {per_it:.0f} sampled)"
+        )
+    return ("\n\n" + "\n".join(lines)) if lines else ""
+
+
+def critic_lines(rows: list[dict], start: int = 20) -> str:
+    """For estimators with a critic: the explained variance of its values, per seed the median over the
+    iterations from ``start`` on (an iteration with few wins has targets of almost no variance, where any spread
+    of the values gives a large negative figure: the median is not moved by those)."""
+    lines = []
+    for est in order(r["estimator"] for r in rows):
+        mine = [r for r in rows if r["estimator"] == est and r["iteration"] >= start]
+        if not mine or all(np.isnan(r["vf_explained_var"]) for r in mine):
+            continue
+        per_seed = {
+            s: float(np.nanmedian([r["vf_explained_var"] for r in mine if r["seed"] == s]))
+            for s in sorted({r["seed"] for r in mine})
+        }
+        per_seed = {s: v for s, v in per_seed.items() if not np.isnan(v)}
+        values = ", ".join(f"{v:.2f}" for v in per_seed.values())
+        lines.append(
+            f"- {est}: critic explained variance, median over iterations {start}+ per seed: {values} "
+            f"(mean {np.mean(list(per_seed.values())):.2f}, {len(per_seed)} seeds)"
         )
     return ("\n\n" + "\n".join(lines)) if lines else ""
 
@@ -603,6 +631,7 @@ def report(
     summary, budget = summarise(rows, window)
     table = markdown_table(summary, window)
     table += dynamic_lines(rows)
+    table += critic_lines(rows)
     summary_md = (
         f"{TITLES[task]}, {note}, a budget of {budget} x 64 sampled episodes ({budget} iterations of 8 task "
         "instances x 8 rollouts; dynamic-sampling runs (-ds) sample more per iteration and run fewer iterations, "

@@ -193,8 +193,8 @@ class GAGPOConfig(AlgorithmConfig):
         self.similarity_threshold: float | None = None
         # The critic of the PPO baseline (estimator "ppo").
         self.vf_coeff: float = 0.5
-        self.vf_clip: float | None = 0.5
-        self.critic_lr: float = 1e-5
+        self.vf_clip: float | None = None
+        self.critic_lr: float | None = None
         self.critic_share_trunk: bool = False
         # Prompts and decoding.
         self.history_length: int = 2
@@ -377,8 +377,9 @@ class GAGPOConfig(AlgorithmConfig):
 
         Args:
             clip_eps, kl_coeff, entropy_coeff: loss parameters (clip range, k3 KL weight, entropy bonus).
-            vf_coeff, vf_clip, critic_lr: the PPO critic's loss weight (0.5), value clip range (0.5; None:
-                unclipped) and learning rate (1e-5, verl's default critic learning rate).
+            vf_coeff, vf_clip, critic_lr: the PPO critic's loss weight (0.5), value clip range (None, the
+                default: unclipped; a fixed range in return units would cap how far a value moves per update
+                whatever the reward scale) and learning rate (None, the default: the policy's ``lr``).
             critic_share_trunk: put the value head on the policy's trunk instead of a copy of it (half the
                 weights' memory; the value loss then also trains the policy's trunk).
             recompute_old_logprobs: recompute the ratio's old log-probs with the learner's weights before the
@@ -555,7 +556,11 @@ class GAGPOConfig(AlgorithmConfig):
             check_threshold(self.similarity_threshold)
         need(is_num(self.vf_coeff) and self.vf_coeff >= 0.0, "vf_coeff", "a number >= 0")
         need(self.vf_clip is None or (is_num(self.vf_clip) and self.vf_clip > 0.0), "vf_clip", "None or > 0")
-        need(is_num(self.critic_lr) and self.critic_lr > 0.0, "critic_lr", "a number > 0")
+        need(
+            self.critic_lr is None or (is_num(self.critic_lr) and self.critic_lr > 0.0),
+            "critic_lr",
+            "None or > 0",
+        )
         need(isinstance(self.critic_share_trunk, bool), "critic_share_trunk", "a bool")
         need(isinstance(self.build_critic, bool), "build_critic", "a bool")
         need(

@@ -4,7 +4,8 @@ Loss = policy loss (``GAGPOTorchLearner``: same ratio, clip, KL and entropy term
 in one backward pass per minibatch. The value loss is PPO's clipped one, as in the GiGPO reference's framework:
 0.5 * mean(max((V - R)^2, (V_old + clip(V - V_old, -vf_clip, vf_clip) - R)^2)) with V_old the critic's values
 before the update and R = A + V_old the GAE targets (``CriticAdvantages``). The critic's own parameters (its head,
-and its trunk unless shared with the policy) have their own optimizer and learning rate (``critic_lr``). Per chunk
+and its trunk unless shared with the policy) have their own optimizer and learning rate (``critic_lr``, by default
+the policy's: a critic that trains much slower than the policy tracks only the mean return). Per chunk
 and learner the value loss gets the policy loss's row weights (``row_weight``), so the accumulated, averaged
 gradient is the one-learner gradient of the step. The value loss's statistics are reduced over the learners with the policy's.
 """
@@ -88,7 +89,7 @@ class GAGPOCriticTorchLearner(GAGPOTorchLearner):
             optimizer_name=CRITIC_OPTIMIZER,
             optimizer=torch.optim.Adam(critic),
             params=critic,
-            lr_or_lr_schedule=config.critic_lr,
+            lr_or_lr_schedule=config.lr if config.critic_lr is None else config.critic_lr,
         )
 
     step_means = (

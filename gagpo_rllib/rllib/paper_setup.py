@@ -140,6 +140,8 @@ def paper_config(
             lam=0.95,
         )
         .training(lr=1e-6, num_epochs=1, minibatch_size=64, grad_clip=1.0, kl_coeff=0.01, entropy_coeff=0.001)
+        # The PPO baseline's pretrained critic trains at verl-agent's critic rate (10x the actor's).
+        .training(critic_lr=1e-5)
         .env_runners(
             backend="vllm" if on_gpu else "hf",
             backend_kwargs=_engine(TRAIN_ENGINE_MEMORY) if on_gpu else {},

@@ -243,6 +243,10 @@ def test_checkpoint_restores_the_critic(ppo_run, tiny_maze_config) -> None:
         learner = algo.learner_group._learner
         fresh = learner.module["default_policy"].critic.state_dict()
         assert any(not torch.equal(fresh[k], v) for k, v in ppo_run["critic"].items())
+        # critic_lr unset: the critic trains at the policy's rate.
+        rates = {n: o.param_groups[0]["lr"] for n, o in learner.get_optimizers_for_module("default_policy")}
+        assert config.critic_lr is None and len(rates) == 2
+        assert all(rate == pytest.approx(config.lr) for rate in rates.values()), rates
         algo.restore_from_path(str(ppo_run["path"]))
         restored = learner.module["default_policy"].critic.state_dict()
         for name, value in ppo_run["critic"].items():
