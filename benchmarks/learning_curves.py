@@ -326,24 +326,22 @@ def dynamic_lines(rows: list[dict]) -> str:
 
 
 def critic_lines(rows: list[dict], start: int = 20) -> str:
-    """For estimators with a critic: the explained variance of its values, per seed the median over the
-    iterations from ``start`` on (an iteration with few wins has targets of almost no variance, where any spread
-    of the values gives a large negative figure: the median is not moved by those)."""
+    """For estimators with a critic: the explained variance of its values, per seed the mean over the iterations
+    from ``start`` on (runs written before the CSVs had the column are left out)."""
     lines = []
     for est in order(r["estimator"] for r in rows):
         mine = [r for r in rows if r["estimator"] == est and r["iteration"] >= start]
-        if not mine or all(np.isnan(r["vf_explained_var"]) for r in mine):
-            continue
-        per_seed = {
-            s: float(np.nanmedian([r["vf_explained_var"] for r in mine if r["seed"] == s]))
-            for s in sorted({r["seed"] for r in mine})
-        }
-        per_seed = {s: v for s, v in per_seed.items() if not np.isnan(v)}
-        values = ", ".join(f"{v:.2f}" for v in per_seed.values())
-        lines.append(
-            f"- {est}: critic explained variance, median over iterations {start}+ per seed: {values} "
-            f"(mean {np.mean(list(per_seed.values())):.2f}, {len(per_seed)} seeds)"
-        )
+        per_seed = {}
+        for seed in sorted({r["seed"] for r in mine}):
+            values = [r["vf_explained_var"] for r in mine if r["seed"] == seed]
+            if not all(np.isnan(values)):
+                per_seed[seed] = float(np.nanmean(values))
+        if per_seed:
+            lines.append(
+                f"- {est}: the critic's explained variance, mean over iterations {start}+ per seed: "
+                f"{', '.join(f'{v:.2f}' for v in per_seed.values())} (mean {np.mean(list(per_seed.values())):.2f}, "
+                f"{len(per_seed)} seeds)"
+            )
     return ("\n\n" + "\n".join(lines)) if lines else ""
 
 

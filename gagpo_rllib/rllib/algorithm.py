@@ -259,7 +259,7 @@ class GAGPO(Algorithm):
                         },
                         num_epochs=cfg.num_epochs,
                         minibatch_size=cfg.minibatch_size,
-                        shuffle_batch_per_epoch=cfg.shuffle_batch_per_epoch,
+                        shuffle_batch_per_epoch=cfg.shuffles_minibatches,
                     )
                 self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
                 report_skipped_updates(self.metrics, iteration)

@@ -171,6 +171,8 @@ class GAGPOConfig(AlgorithmConfig):
 
             algo_class = GAGPO
         super().__init__(algo_class=algo_class)
+        # RLlib's; None: shuffled exactly when a critic trains (``shuffles_minibatches``).
+        self.shuffle_batch_per_epoch: bool | None = None
         # The method.
         self.estimator: str = "gagpo"
         self.group_size: int = 8
@@ -389,7 +391,9 @@ class GAGPOConfig(AlgorithmConfig):
                 (padded) tokens, once per distinct (prompt, action) row (see ``gagpo_rllib.policy.unique_rows``).
             reference_cache_rows: reference log-probs of this many distinct rows are kept across updates (the
                 reference is frozen; see ``gagpo_rllib.policy.reference_cache``); 0 recomputes them every time.
-            kwargs: ``AlgorithmConfig.training``'s.
+            kwargs: ``AlgorithmConfig.training``'s. ``shuffle_batch_per_epoch``: deal the batch's steps into the
+                minibatches at random every epoch (seeded); None (default): exactly when a critic trains (estimator
+                "ppo"), else minibatches are runs of whole groups in sampling order.
         """
         _set_given(self, TRAINING_FIELDS, locals())
         return super().training(**kwargs)
@@ -880,6 +884,15 @@ class GAGPOConfig(AlgorithmConfig):
         if self.gradient_checkpointing is not None:
             return bool(self.gradient_checkpointing)
         return float(self.num_gpus_per_learner or 0) > 0
+
+    @property
+    def shuffles_minibatches(self) -> bool:
+        """Whether the learners deal the steps into minibatches at random (see ``shuffle_batch_per_epoch``). A critic
+        needs it: minibatches of a few whole groups are a few tasks each, and a value regression stepped on one
+        task's returns after another's swings between them."""
+        if self.shuffle_batch_per_epoch is not None:
+            return bool(self.shuffle_batch_per_epoch)
+        return self.estimator == "ppo"
 
     @property
     def uses_recomputed_old_logprobs(self) -> bool:

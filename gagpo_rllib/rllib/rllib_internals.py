@@ -246,7 +246,7 @@ class ChunkedTorchLearner(TorchLearner):
             num_total_minibatches=int(num_total_minibatches or 0),
             num_epochs=max(1, int(num_epochs or 1)),
             minibatch_size=minibatch_size,
-            shuffle=bool(shuffle_batch_per_epoch) and int(num_epochs or 1) > 1,
+            shuffle=bool(shuffle_batch_per_epoch),
         )
 
     def _covering_minibatches(

@@ -102,6 +102,18 @@ def test_reference_copy_only_when_the_kl_term_is_on() -> None:
     assert _valid().training(kl_coeff=0.0).module_model_config()["reference"] is False
 
 
+def test_minibatches_are_shuffled_by_default_exactly_when_a_critic_trains() -> None:
+    from gagpo_rllib import GAGPOConfig
+
+    config = GAGPOConfig().llm(model_path="m")
+    assert config.shuffle_batch_per_epoch is None and not config.shuffles_minibatches
+    assert config.copy().gagpo(estimator="ppo").shuffles_minibatches
+    assert (
+        not config.copy().gagpo(estimator="ppo").training(shuffle_batch_per_epoch=False).shuffles_minibatches
+    )
+    assert config.copy().training(shuffle_batch_per_epoch=True).shuffles_minibatches
+
+
 def test_old_logprobs_are_recomputed_exactly_when_rollout_numerics_differ():
     from gagpo_rllib import GAGPOConfig
 

@@ -124,6 +124,27 @@ def test_every_step_is_in_exactly_one_minibatch_per_epoch(tiny_policy_path: Path
     assert results[DEFAULT_MODULE_ID]["num_module_steps_trained"] == 2 * n
 
 
+def test_one_epoch_deals_the_steps_at_random_only_when_asked(tiny_policy_path: Path) -> None:
+    """shuffle_batch_per_epoch holds for a single epoch too (the PPO critic's default): still every step once."""
+    config = make_config(tiny_policy_path).training(learner_class=RowRecordingLearner)
+    config.validate()
+    runner = GAGPOEnvRunner(config=config)
+    learner = config.build_learner(env=CorridorEnv())
+    episodes = _episodes(runner, config)
+    batch = config.grouped_advantages()(rl_module=learner.module, batch={}, episodes=episodes)[
+        DEFAULT_MODULE_ID
+    ]
+    everything = Counter(_row_keys(batch))
+    size = max(2, len(everything) // 3)
+    dealt = {}
+    for shuffle in (False, True):
+        learner.seen = []
+        learner.update(episodes=episodes, minibatch_size=size, num_epochs=1, shuffle_batch_per_epoch=shuffle)
+        assert Counter(row for rows in learner.seen for row in rows) == everything
+        dealt[shuffle] = [sorted(rows) for rows in learner.seen]
+    assert dealt[True] != dealt[False]
+
+
 def _optimizer_state(learner) -> list[torch.Tensor]:
     optim = next(iter(learner._named_optimizers.values()))
     return [t.clone() for s in optim.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
