@@ -1,8 +1,9 @@
 """The PPO baseline's Learner: the GAGPO policy loss plus a clipped value loss, the critic on its own optimizer.
 
 Loss = policy loss (``GAGPOTorchLearner``: same ratio, clip, KL and entropy terms) + ``vf_coeff`` * value loss,
-in one backward pass per minibatch. The value loss is PPO's clipped one, as in the GiGPO reference's framework:
-0.5 * mean(max((V - R)^2, (V_old + clip(V - V_old, -vf_clip, vf_clip) - R)^2)) with V_old the critic's values
+in one backward pass per minibatch. The value loss is 0.5 * mean((V - R)^2), or with ``vf_clip`` set PPO's clipped
+one as in the GiGPO reference's framework,
+0.5 * mean(max((V - R)^2, (V_old + clip(V - V_old, -vf_clip, vf_clip) - R)^2)), with V_old the critic's values
 before the update and R = A + V_old the GAE targets (``CriticAdvantages``). The critic's own parameters (its head,
 and its trunk unless shared with the policy) have their own optimizer and learning rate (``critic_lr``, by default
 the policy's: a critic that trains much slower than the policy tracks only the mean return). Per chunk
