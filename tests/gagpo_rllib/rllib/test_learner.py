@@ -100,7 +100,8 @@ def _row_keys(batch) -> list[tuple]:
     ]
 
 
-def test_every_step_is_in_exactly_one_minibatch_per_epoch(tiny_policy_path: Path) -> None:
+def _recording_learner(tiny_policy_path: Path) -> tuple[RowRecordingLearner, list, dict]:
+    """A row-recording learner, one iteration's episodes of the corridor task and their learner batch."""
     config = make_config(tiny_policy_path).training(learner_class=RowRecordingLearner)
     config.validate()
     runner = GAGPOEnvRunner(config=config)
@@ -109,6 +110,11 @@ def test_every_step_is_in_exactly_one_minibatch_per_epoch(tiny_policy_path: Path
     batch = config.grouped_advantages()(rl_module=learner.module, batch={}, episodes=episodes)[
         DEFAULT_MODULE_ID
     ]
+    return learner, episodes, batch
+
+
+def test_every_step_is_in_exactly_one_minibatch_per_epoch(tiny_policy_path: Path) -> None:
+    learner, episodes, batch = _recording_learner(tiny_policy_path)
     everything = Counter(_row_keys(batch))
     n = len(batch["advantages"])
     size = next(m for m in range(4, n) if n % m)  # RLlib's int(n / size) minibatches would drop n % size rows
@@ -126,14 +132,7 @@ def test_every_step_is_in_exactly_one_minibatch_per_epoch(tiny_policy_path: Path
 
 def test_one_epoch_deals_the_steps_at_random_only_when_asked(tiny_policy_path: Path) -> None:
     """shuffle_batch_per_epoch holds for a single epoch too (the PPO critic's default): still every step once."""
-    config = make_config(tiny_policy_path).training(learner_class=RowRecordingLearner)
-    config.validate()
-    runner = GAGPOEnvRunner(config=config)
-    learner = config.build_learner(env=CorridorEnv())
-    episodes = _episodes(runner, config)
-    batch = config.grouped_advantages()(rl_module=learner.module, batch={}, episodes=episodes)[
-        DEFAULT_MODULE_ID
-    ]
+    learner, episodes, batch = _recording_learner(tiny_policy_path)
     everything = Counter(_row_keys(batch))
     size = max(2, len(everything) // 3)
     dealt = {}
