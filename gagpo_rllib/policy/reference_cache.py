@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 __all__ = ["ReferenceLogprobCache"]
@@ -47,6 +48,33 @@ class ReferenceLogprobCache:
             self._rows.move_to_end(key)
         while len(self._rows) > self.max_rows:
             self._rows.popitem(last=False)
+
+    def get_state(self) -> dict:
+        """The entries in LRU order and the counters, as flat arrays: a restored learner needs the same values,
+        since a recomputed one differs from the cached one by the rounding of the batch it came in."""
+        rows = list(self._rows.values())
+        return {
+            "max_rows": self.max_rows,
+            "keys": list(self._rows.keys()),
+            "lengths": np.array([len(r) for r in rows], dtype=np.int64),
+            "values": torch.cat(rows).numpy() if rows else np.zeros(0, dtype=np.float32),
+            "hits": self.hits,
+            "misses": self.misses,
+        }
+
+    def set_state(self, state: dict) -> None:
+        """Replace the entries and counters with ``state`` (from ``get_state``); this cache's ``max_rows`` holds."""
+        keys, lengths = state["keys"], np.asarray(state["lengths"], dtype=np.int64)
+        values = torch.as_tensor(np.array(state["values"], dtype=np.float32))
+        if len(keys) != len(lengths) or int(lengths.sum()) != values.numel():
+            raise ValueError(
+                f"reference cache state: {len(keys)} keys, {len(lengths)} lengths summing to {int(lengths.sum())}, "
+                f"{values.numel()} values"
+            )
+        self._rows = OrderedDict(zip(keys, torch.split(values, lengths.tolist()), strict=True))
+        while len(self._rows) > self.max_rows:
+            self._rows.popitem(last=False)
+        self.hits, self.misses = int(state["hits"]), int(state["misses"])
 
     def gather(self, keys: list[bytes], width: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """The stored rows as one [len(keys), width] tensor, zero-padded on the right; every key must be stored."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -564,33 +565,45 @@ class LLMRLModule(TorchRLModule):
         """RLlib's state; ``inference_only`` (what EnvRunners receive): without learner-only parts, weights cast
         to the rollout ``dtype``. bfloat16 tensors, which numpy cannot hold, stay CPU tensors."""
         if self.lora and not self.sharded:
-            return self._lora_state(inference_only)
-        if self.sharded:
-            if not self._gathered:
-                raise RuntimeError(
-                    "FSDP learner: the full weights are gathered on learner 0 only (after build, each update and "
-                    "set_state); get_state was called on another learner or before a gather"
-                )
-            state = dict(self._gathered)
-        else:
-            # What EnvRunners receive is cast where the weights live (on a GPU: before the copy to the host).
-            cast = inference_only and not self.inference_only
+            state = self._lora_tensors(inference_only)
+        elif inference_only and not self.inference_only:
+            # Cast where the weights live (on a GPU: before the copy to the host).
             state = {
-                k: (v.detach().to(self.dtype) if cast and v.is_floating_point() else v.detach()).cpu()
-                for k, v in self.state_dict().items()
+                k: (v.detach().to(self.dtype) if v.is_floating_point() else v.detach()).cpu()
+                for k, v in self.inference_tensors()
             }
-        if inference_only and not self.inference_only:
-            if isinstance(self, InferenceOnlyAPI):
-                learner_only = tuple(self.get_non_inference_attributes())
-                state = {
-                    k: v
-                    for k, v in state.items()
-                    if not any(k == a or k.startswith(a + ".") for a in learner_only)
-                }
-            state = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in state.items()}
+        else:
+            state = {k: v.detach().cpu() for k, v in self._full_tensors().items()}
         if any(v.dtype == torch.bfloat16 for v in state.values()):
             return state
         return convert_to_numpy(state)
+
+    def inference_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """What EnvRunners load, as (name, tensor) pairs where the weights live and in their own dtype (the
+        sender casts them to ``dtype`` on the way): the policy without learner-only parts; under LoRA the
+        adapters (adapter sync) or the merged policy, already in ``dtype``."""
+        if self.lora and not self.sharded:
+            return list(self._lora_tensors(True).items())
+        state = self._full_tensors()
+        if not self.inference_only and isinstance(self, InferenceOnlyAPI):
+            learner_only = tuple(self.get_non_inference_attributes())
+            return [
+                (k, v)
+                for k, v in state.items()
+                if not any(k == a or k.startswith(a + ".") for a in learner_only)
+            ]
+        return list(state.items())
+
+    def _full_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the state: the gathered host copy under FSDP, the module's own otherwise."""
+        if not self.sharded:
+            return {k: v.detach() for k, v in self.state_dict().items()}
+        if not self._gathered:
+            raise RuntimeError(
+                "FSDP learner: the full weights are gathered on learner 0 only (after build, each update and "
+                "set_state); get_state was called on another learner or before a gather"
+            )
+        return dict(self._gathered)
 
     def nonfinite_weights(self) -> list[str]:
         """Names of the floating-point weights holding a NaN or an infinity, checked where the weights live
@@ -605,30 +618,27 @@ class LLMRLModule(TorchRLModule):
             finite = torch.stack([torch.isfinite(p).all() for p in local]).cpu()
         return [n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok]
 
-    def _lora_state(self, inference_only: bool) -> dict[str, Any]:
+    def _lora_tensors(self, inference_only: bool) -> dict[str, torch.Tensor]:
         """Under LoRA, ``inference_only`` (what EnvRunners load, in the rollout dtype): the policy's adapters for
         vLLM engines with adapter sync, else the merged policy under Hugging Face names. Otherwise (checkpoints)
         only the trained parameters (adapters, a critic's head): the base never changes."""
         if inference_only and self.adapter_sync:
-            state = {
+            return {
                 _POLICY_PREFIX + k: v.detach().cpu().to(self.dtype)
                 for k, v in self.model.named_parameters()
                 if ".lora_" in k
             }
-        elif inference_only:
-            state = {_POLICY_PREFIX + k: v.to(self.dtype) for k, v in merged_state(self.model).items()}
-        else:
-            keep = trainable_names(self)
-            state = {k: v.detach().cpu() for k, v in self.state_dict().items() if k in keep}
-        if any(v.dtype == torch.bfloat16 for v in state.values()):
-            return state
-        return convert_to_numpy(state)
+        if inference_only:
+            return {_POLICY_PREFIX + k: v.to(self.dtype) for k, v in merged_state(self.model).items()}
+        keep = trainable_names(self)
+        return {k: v.detach().cpu() for k, v in self.state_dict().items() if k in keep}
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: Mapping[str, Any]) -> None:
         """Load new weights and push them to the rollout backend (a no-op copy for HF, which shares the model).
 
         With the weights in a vLLM engine, the policy's tensors (this module's ``model.`` names minus that prefix:
-        the Hugging Face names) go to the engine one at a time, in its dtype; nothing else keeps a copy.
+        the Hugging Face names) go to the engine one at a time, in its dtype; nothing else keeps a copy. ``state``
+        may be any mapping (the weight sync's lazily fetched buckets): it is read in its own key order.
         """
         if self.weights_in_engine:
             if self._backend is None:  # an engine-less local runner: nothing here samples, keep nothing
@@ -644,6 +654,8 @@ class LLMRLModule(TorchRLModule):
             elif names:
                 self.backend.update_weights((k[len(_POLICY_PREFIX) :], state[k]) for k in names)
             return
+        if not isinstance(state, dict):
+            state = dict(state.items())
         if self.sharded:
             from gagpo_rllib.policy.fsdp import load_full_model_state
 

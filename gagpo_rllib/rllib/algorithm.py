@@ -39,7 +39,7 @@ from gagpo_rllib.rllib.group_sampling import GroupSample, ask_env_runner, sample
 from gagpo_rllib.rllib.learner import report_skipped_updates
 from gagpo_rllib.rllib.plans import EXTRA_GROUP_ID_BASE, extra_plan, task_plan
 from gagpo_rllib.rllib.sharding import GroupShardedTrainingData, placement_shortfall
-from gagpo_rllib.rllib.weight_sync import route_learner_syncs, sync_env_runners
+from gagpo_rllib.rllib.weight_sync import route_learner_syncs, sync_env_runners, write_rollout_weights
 
 __all__ = ["GAGPO", "GAGPOConfig", "split_plan"]
 
@@ -190,11 +190,20 @@ class GAGPO(Algorithm):
         return sample.episodes, sample.stats, sample.runner_metrics
 
     def save_to_path(self, *args, **kwargs):
-        """RLlib's save; sharded (FSDP) learners first gather the full weights and optimizer state on learner 0
-        together, since RLlib asks learner 0 alone and a gather needs every learner."""
+        """RLlib's save and, beside it, the policy as the runners receive it: Hugging Face safetensors in the
+        rollout dtype (``rollout_weights/``, ``weight_sync.write_rollout_weights``).
+
+        The float32 master state holds each learner's reference log-prob cache: a restored run without it would
+        recompute those values in other batches and drift from the uninterrupted run by their rounding. Sharded
+        (FSDP) learners first gather the full weights and optimizer state on learner 0 together, since RLlib asks
+        learner 0 alone and a gather needs every learner; the caches are gathered the same way."""
         if self.config.learner_sharding == "fsdp" and self.config.num_learners > 1:
             self.learner_group.foreach_learner(lambda learner: learner.gather_full_state(optimizer=True))
-        return super().save_to_path(*args, **kwargs)
+        if self.config.num_learners > 1:  # each learner caches its own groups' reference log-probs
+            self.learner_group.foreach_learner(lambda learner: learner.gather_reference_caches())
+        path = super().save_to_path(*args, **kwargs)
+        write_rollout_weights(self.learner_group, path)
+        return path
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
         """Restore, then make every EnvRunner sample with the restored weights.

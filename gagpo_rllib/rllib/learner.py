@@ -187,16 +187,23 @@ class GAGPOTorchLearner(ChunkedTorchLearner):
     # ------------------------------------------------------------------------------------------------ state
     def get_state(self, components=None, *, not_components=None, **kwargs):
         state = super().get_state(components, not_components=not_components, **kwargs)
-        for module_id, weights in (state.get(COMPONENT_RL_MODULE) or {}).items():
-            if self.sharded:  # the gathered host copy on learner 0
+        if state.get(COMPONENT_RL_MODULE):
+            self.check_weights_finite()
+        return state
+
+    def check_weights_finite(self) -> None:
+        """Raise before weights with a NaN or an infinity are handed out (to runners or a checkpoint): checked on
+        the device where the weights live; under FSDP on learner 0's gathered host copy."""
+        for module_id, _ in self.module.items():
+            if self.sharded:
+                weights = self.module[module_id].unwrapped()._gathered or {}
                 bad = [name for name, w in weights.items() if not _finite(w)]
-            else:  # on the device, before anything reaches the host
+            else:
                 bad = self.module[module_id].unwrapped().nonfinite_weights()
             if bad:
                 raise RuntimeError(
                     f"GAGPO learner: weights {bad[:5]} of {module_id} are not finite; not handing them out"
                 )
-        return state
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

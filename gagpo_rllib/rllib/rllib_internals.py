@@ -31,6 +31,7 @@ and importing this module checks that the installed RLlib is the version these o
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -47,6 +48,11 @@ from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.seeds import shuffle_rng
 from gagpo_rllib.policy.distributed import StepStats, agree_sum, world
 from gagpo_rllib.rllib.sharding import epoch_minibatches, minibatches_per_epoch
+
+logger = logging.getLogger(__name__)
+
+# The learner state's entry for the reference log-prob caches, one dict (module id -> cache state) per learner.
+REFERENCE_CACHES = "gagpo_reference_caches"
 
 __all__ = [
     "RLLIB_VERSION",
@@ -393,7 +399,51 @@ class ChunkedTorchLearner(TorchLearner):
                 "FSDP learner: the optimizer state is sharded; call gather_full_state(optimizer=True) on every "
                 "learner first (GAGPO.save_to_path does)"
             )
-        return super().get_state(components, not_components=not_components, **kwargs)
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        if self._check_component(REFERENCE_CACHES, components, not_components):
+            gathered, self._gathered_caches = getattr(self, "_gathered_caches", None), None
+            if gathered is None and world()[0] == 1:
+                gathered = [self._reference_cache_states()]
+            state[REFERENCE_CACHES] = gathered
+        return state
+
+    def set_state(self, state: dict) -> None:
+        """RLlib's restore, and each learner's reference caches back as they were saved (its own rank's)."""
+        super().set_state(state)
+        caches = state.get(REFERENCE_CACHES)
+        if caches is None:
+            return
+        size, rank = world()
+        if len(caches) != size:
+            logger.warning(
+                "reference caches saved by %d learners, restored into %d: they start empty (reference log-probs "
+                "are recomputed, equal up to float rounding)",
+                len(caches),
+                size,
+            )
+            return
+        for module_id, cache_state in caches[rank].items():
+            self.module[module_id].unwrapped().reference_cache.set_state(cache_state)
+
+    def gather_reference_caches(self) -> None:
+        """Every learner's reference caches to every learner (a collective: each caches the rows of its own
+        groups), for learner 0's next ``get_state``; GAGPO.save_to_path calls it on all learners."""
+        own = self._reference_cache_states()
+        size, _ = world()
+        if size == 1:
+            self._gathered_caches = [own]
+            return
+        gathered: list[Any] = [None] * size
+        torch.distributed.all_gather_object(gathered, own)
+        self._gathered_caches = gathered
+
+    def _reference_cache_states(self) -> dict[str, dict]:
+        out = {}
+        for module_id, sub in self.module.items():
+            cache = getattr(sub.unwrapped(), "reference_cache", None)
+            if cache is not None:
+                out[module_id] = cache.get_state()
+        return out
 
     def _get_optimizer_state(self) -> dict:
         if self.sharded:
@@ -472,6 +522,11 @@ def local_learner(learner_group: Any) -> ChunkedTorchLearner:
     if not learner_group.is_local:
         raise ValueError("the learner group has remote learners; use on_first_learner")
     return learner_group._learner
+
+
+def learner_weights_seq_no(learner: Any) -> int:
+    """The sequence number of ``learner``'s weights (what ``Learner.get_state`` reports, without building it)."""
+    return int(learner._weights_seq_no)
 
 
 def on_first_learner(learner_group: Any, fn: Callable[[Any], Any]) -> Any:

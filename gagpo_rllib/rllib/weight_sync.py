@@ -1,48 +1,127 @@
-"""Weight sync to the EnvRunners: learner 0 puts the inference-only weights into Ray's object store once, every
-remote EnvRunner fetches that one object.
+"""Weight sync to the EnvRunners: learner 0 puts the inference-only weights into Ray's object store once, as a
+few flat byte buckets, and every remote EnvRunner maps those buckets and loads from them.
 
 RLlib's own sync (``EnvRunnerGroup.sync_weights`` from a ``LearnerGroup``) pulls the state from learner 0 into the
 driver (a first copy over the network) and ``ray.put``s it again there (a second copy) before the runners fetch
-it. Here learner 0 (or the local learner) builds the state with ``inference_only=True`` (no critic, no optimizer
-state, weights cast to the rollout dtype: ``LLMRLModule.get_state``) and puts it itself; the driver only handles
-the reference. The local EnvRunner of a run with remote runners does not sample (``GAGPOEnvRunner.make_module``):
-it gets the sequence number only, so the driver and the Algorithm's process never hold a copy of the weights.
+it. Here learner 0 (or the local learner) puts the weights itself; the driver only handles references. The local
+EnvRunner of a run with remote runners does not sample (``GAGPOEnvRunner.make_module``): it gets the sequence
+number only, so the driver and the Algorithm's process never hold a copy of the weights.
 
-The GPU path that would go further, not built here: an NCCL group between learner 0 and the engines' workers
-(vLLM's weight-transfer API, ``collective_rpc`` on a worker extension that receives broadcast tensors), so the
-weights go GPU to GPU without host memory or the object store; it is CUDA-only and cannot be tested on CPU.
+The host path (``gagpo_rllib.policy.weight_buckets``): the inference-only tensors (no critic) are cast to the
+rollout dtype while they are copied into buckets of ``bucket_bytes``, on several threads (on a GPU the cast runs
+there, before the copy to the host); each bucket is one ``uint8`` array, which Ray stores out of band (a memcpy,
+no pickling of tensor bytes) while the next bucket is filled; a runner maps each bucket without a copy
+(``PackedWeights``, fetched lazily in the order the engine reads) and its engine copies the tensors in. The
+weights' finiteness is checked where they live before anything is published. ``benchmarks/bench_weight_sync.py``
+measures this path beside the former one (a dict of tensors pickled into the object store).
+
+The GPU paths that would go further, not built here: an NCCL broadcast from learner 0's GPU to the engines'
+workers (vLLM's weight-transfer API) and CUDA IPC handles for an engine on the learner's own GPU; both are
+CUDA-only and cannot run on this machine.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 import torch
-from ray.rllib.core import COMPONENT_RL_MODULE
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
-from gagpo_rllib.rllib.rllib_internals import local_learner, on_first_learner, route_whole_group_syncs
+from gagpo_rllib.policy.weight_buckets import (
+    DEFAULT_BUCKET_BYTES,
+    Slot,
+    bucket_size,
+    pack,
+    plan_buckets,
+    unpack,
+)
+from gagpo_rllib.rllib.rllib_internals import (
+    learner_weights_seq_no,
+    local_learner,
+    on_first_learner,
+    route_whole_group_syncs,
+)
 
 __all__ = [
+    "ROLLOUT_WEIGHTS_DIR",
+    "PackedWeights",
     "PublishedWeights",
     "SyncReport",
     "publish_weights",
+    "publish_tensors",
     "route_learner_syncs",
     "state_nbytes",
     "sync_env_runners",
     "sync_local_runner",
+    "write_rollout_weights",
 ]
+
+logger = logging.getLogger(__name__)
+
+# The size of one bucket: large enough that the per-bucket costs vanish, small enough that the staging buffers
+# (two of them) and a receiver's mapped bucket stay small beside the model.
+BUCKET_BYTES = DEFAULT_BUCKET_BYTES
+
+# Threads that cast and copy the weights into the buckets: the sync runs while nothing else computes (rollout,
+# update and sync alternate), so it may take the machine's cores.
+SYNC_THREADS = max(
+    1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+)
+
+
+class PackedWeights(Mapping):
+    """A module state as object-store buckets: a read-only mapping name -> tensor that fetches a bucket when one
+    of its tensors is first read (zero-copy views of the shared memory) and keeps only the last one at hand."""
+
+    def __init__(self, buckets: list[list[Slot]], refs: list[Any]) -> None:
+        if len(buckets) != len(refs):
+            raise ValueError(f"PackedWeights: {len(buckets)} buckets but {len(refs)} object references")
+        self.buckets, self.refs = buckets, refs
+        self._where = {slot.name: i for i, slots in enumerate(buckets) for slot in slots}
+        self._cached: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"buckets": self.buckets, "refs": self.refs}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["buckets"], state["refs"])
+
+    def _bucket(self, i: int) -> dict[str, torch.Tensor]:
+        if self._cached is None or self._cached[0] != i:
+            self._cached = (i, dict(unpack(self.buckets[i], ray.get(self.refs[i]))))
+        return self._cached[1]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._bucket(self._where[name])[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:  # type: ignore[override]
+        """Bucket by bucket, in the order the sender laid them out."""
+        for i in range(len(self.buckets)):
+            yield from self._bucket(i).items()
 
 
 @dataclass
 class PublishedWeights:
     """The inference-only module state in the object store (put by the learner that built it)."""
 
-    ref: Any
+    weights: PackedWeights
     seq_no: int
     nbytes: int
     num_tensors: int
@@ -79,15 +158,60 @@ def _inference_state(learner: Any) -> tuple[dict, int]:
     return state[COMPONENT_RL_MODULE], int(state[WEIGHTS_SEQ_NO])
 
 
+def publish_tensors(
+    named: list[tuple[str, torch.Tensor]],
+    dtype: torch.dtype | None,
+    *,
+    bucket_bytes: int | None = None,
+    threads: int = SYNC_THREADS,
+) -> PackedWeights:
+    """Put ``named`` into the object store as buckets of ``bucket_bytes`` (None: ``BUCKET_BYTES``),
+    floating-point tensors cast to ``dtype``: bucket ``i`` is put on a second thread while bucket ``i + 1`` is
+    filled."""
+    buckets = plan_buckets(named, dtype, bucket_bytes or BUCKET_BYTES)
+    tensors = dict(named)
+    staging = _staging(
+        max(bucket_size(b) for b in buckets) if buckets else 0, any(t.is_cuda for _, t in named)
+    )
+    refs: list[Any] = []
+    with ThreadPoolExecutor(threads) as pool, ThreadPoolExecutor(1) as putter:
+        pending = None
+        for i, slots in enumerate(buckets):
+            # Two staging buffers: this one is filled while the other one's put runs (it is awaited below
+            # before this one is handed to the put, and before the other is filled again).
+            buffer = pack(slots, tensors, pool, out=staging[i % 2])
+            if pending is not None:
+                refs.append(pending.result())
+            pending = putter.submit(ray.put, buffer.numpy())
+        if pending is not None:
+            refs.append(pending.result())
+    return PackedWeights(buckets, refs)
+
+
+_STAGING: list[torch.Tensor] = []
+
+
+def _staging(nbytes: int, pinned: bool) -> list[torch.Tensor]:
+    """This process's two staging buffers of at least ``nbytes``, kept between syncs (page-locked when the
+    weights come from a GPU, for the fast device-to-host copy)."""
+    global _STAGING
+    if not _STAGING or _STAGING[0].numel() < nbytes or _STAGING[0].is_pinned() != pinned:
+        _STAGING = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned) for _ in range(2)]
+    return _STAGING
+
+
 def _publish(learner: Any) -> PublishedWeights:
-    """On the learner: its inference-only module state, put into the object store once."""
-    module_state, seq_no = _inference_state(learner)
-    nbytes, count = state_nbytes(module_state)
-    return PublishedWeights(ray.put(module_state), seq_no, nbytes, count)
+    """On the learner: its inference-only module state, checked finite and put into the object store once."""
+    learner.check_weights_finite()
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    named = module.inference_tensors()
+    packed = publish_tensors(named, module.dtype)
+    nbytes = sum(slot.nbytes for slots in packed.buckets for slot in slots)
+    return PublishedWeights(packed, learner_weights_seq_no(learner), nbytes, len(packed))
 
 
 def publish_weights(learner_group: Any) -> PublishedWeights:
-    """Learner 0 (or the local learner) publishes its weights; only the reference comes back to the caller."""
+    """Learner 0 (or the local learner) publishes its weights; only the references come back to the caller."""
     if learner_group.is_local:
         return _publish(local_learner(learner_group))
     return on_first_learner(learner_group, _publish)
@@ -119,7 +243,8 @@ def sync_env_runners(
         return SyncReport(nbytes, count, int(local is not None), time.perf_counter() - start)
     published = publish_weights(learner_group)
     # Sequence number 0 makes a runner load the weights whatever number it holds (SingleAgentEnvRunner.set_state).
-    state = {COMPONENT_RL_MODULE: published.ref, WEIGHTS_SEQ_NO: 0 if force else published.seq_no}
+    module_state = {DEFAULT_MODULE_ID: published.weights}
+    state = {COMPONENT_RL_MODULE: module_state, WEIGHTS_SEQ_NO: 0 if force else published.seq_no}
     runners = 0
     if group.num_remote_env_runners() > 0:
         ids = group.healthy_env_runner_ids() if worker_ids is None else list(worker_ids)
@@ -140,6 +265,43 @@ def sync_env_runners(
     return SyncReport(published.nbytes, published.num_tensors, runners, time.perf_counter() - start)
 
 
+ROLLOUT_WEIGHTS_DIR = "rollout_weights"
+
+
+def write_rollout_weights(
+    learner_group: Any, checkpoint: str | os.PathLike, prefix: str = "model."
+) -> Path | None:
+    """Write what the runners load (the policy in the rollout dtype) into ``checkpoint/rollout_weights`` as
+    Hugging Face safetensors, one shard per bucket with ``model.safetensors.index.json`` when there are several;
+    names lose ``prefix`` (the module's own). It travels as a sync does (learner 0 puts it, this process maps it),
+    so the checkpoint's process writes it wherever the learner runs. None (nothing written) when the runners
+    receive LoRA adapters, not a model."""
+    from safetensors.torch import save_file
+
+    published = publish_weights(learner_group)
+    packed = published.weights
+    names = list(packed)
+    if any(".lora_" in name for name in names):
+        logger.info(
+            "rollout weights not written: the runners receive LoRA adapters (the checkpoint holds them)"
+        )
+        return None
+    folder = Path(checkpoint) / ROLLOUT_WEIGHTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    count = len(packed.buckets)
+    weight_map: dict[str, str] = {}
+    for i in range(count):
+        file = "model.safetensors" if count == 1 else f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+        # One bucket at a time; safetensors refuses tensors that share memory, and a bucket's views do.
+        shard = {name.removeprefix(prefix): t.clone() for name, t in packed._bucket(i).items()}
+        save_file(shard, str(folder / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    if count > 1:
+        index = {"metadata": {"total_size": published.nbytes}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return folder
+
+
 def route_learner_syncs(group: Any, learner_group: Any) -> None:
     """Send RLlib's own whole-group syncs of ``group`` from ``learner_group`` (the evaluation runners' before each
     validation) through ``sync_env_runners``; partial ones (restored runners, chosen policies) stay RLlib's."""
@@ -152,5 +314,5 @@ def sync_local_runner(group: Any, learner_group: Any) -> None:
     if learner_group.is_local:
         module_state, _ = _inference_state(local_learner(learner_group))
     else:
-        module_state = ray.get(publish_weights(learner_group).ref)
+        module_state = {DEFAULT_MODULE_ID: publish_weights(learner_group).weights}
     group.local_env_runner.set_state({COMPONENT_RL_MODULE: module_state, WEIGHTS_SEQ_NO: 0})

@@ -78,8 +78,44 @@ def test_restored_run_matches_the_uninterrupted_one(
     assert again["iteration"] == uninterrupted["iteration"] == 2
     assert again["next_plan"] == uninterrupted["next_plan"]
     assert uninterrupted["optimizer"] and again["optimizer"].keys() == uninterrupted["optimizer"].keys()
+    # Bit for bit: the restored learner has the reference log-probs the uninterrupted one had cached.
     for key, value in uninterrupted["optimizer"].items():
-        torch.testing.assert_close(again["optimizer"][key], value, msg=f"optimizer state {key}")
+        assert torch.equal(again["optimizer"][key], value), f"optimizer state {key}"
     for key, value in uninterrupted["weights"].items():
-        torch.testing.assert_close(again["weights"][key], value, msg=f"learner weight {key}")
-        torch.testing.assert_close(again["runner"][key], value, msg=f"runner weight {key}")
+        assert torch.equal(again["weights"][key], value), f"learner weight {key}"
+        assert torch.equal(again["runner"][key], value), f"runner weight {key}"
+
+
+def test_a_checkpoint_holds_the_rollout_weights_as_safetensors(
+    ray_session, tiny_policy_path: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Beside the float32 master state: the policy in the rollout dtype, Hugging Face names, bit for bit what the
+    runners load; sharded with an index when it spans several buckets."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from gagpo_rllib.rllib import weight_sync
+
+    config = make_config(tiny_policy_path, num_env_runners=0, group_size=2, groups_per_iteration=2, dtype="bfloat16")
+    algo = config.build_algo()
+    try:
+        algo.train()
+        weights = algo.learner_group._learner.module["default_policy"].model.state_dict()
+        algo.save_to_path(tmp_path / "one")
+        monkeypatch.setattr(weight_sync, "BUCKET_BYTES", 64 << 10)
+        algo.save_to_path(tmp_path / "sharded")
+    finally:
+        algo.stop()
+    (single,) = (tmp_path / "one" / "rollout_weights").glob("*.safetensors")
+    one = load_file(single)
+    index = json.loads((tmp_path / "sharded" / "rollout_weights" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2
+    sharded: dict[str, torch.Tensor] = {}
+    for file in files:
+        sharded |= load_file(tmp_path / "sharded" / "rollout_weights" / file)
+    assert set(one) == set(sharded) == set(index["weight_map"]) == set(weights)
+    for name, value in weights.items():
+        assert one[name].dtype == torch.bfloat16 and torch.equal(one[name], value.to(torch.bfloat16)), name
+        assert torch.equal(sharded[name], one[name]), name

@@ -96,7 +96,7 @@ def test_ppo_in_bf16_ships_the_policy_only_once_from_learner_0(
         from ray.core.generated import common_pb2
 
         owner = common_pb2.Address()
-        owner.ParseFromString(published.ref.owner_address())
+        owner.ParseFromString(published.weights.refs[0].owner_address())
         assert owner.worker_id.hex() == learner_worker
         assert published.nbytes == policy_bytes
     finally:
@@ -108,3 +108,115 @@ def test_state_nbytes_counts_tensors_and_arrays_in_nested_states() -> None:
 
     state = {"a": torch.zeros(3, 4, dtype=torch.bfloat16), "b": {"c": np.zeros(5, dtype=np.float32)}, "n": 3}
     assert state_nbytes(state) == (3 * 4 * 2 + 5 * 4, 2)
+
+
+def test_packed_weights_reach_another_process_bit_for_bit_in_the_rollout_dtype(ray_cluster) -> None:
+    """Several buckets put by one process, read lazily in another: every tensor equals the sender's cast."""
+    import pickle
+
+    from gagpo_rllib.rllib.weight_sync import PackedWeights, publish_tensors
+
+    gen = torch.Generator().manual_seed(3)
+    named = [(f"layers.{i}.weight", torch.randn(64, 48, generator=gen)) for i in range(6)]
+    named.append(("positions", torch.arange(10)))
+    packed = publish_tensors(named, torch.bfloat16, bucket_bytes=16 << 10, threads=2)
+    assert len(packed.buckets) >= 3 and len(packed) == len(named)
+    assert len(pickle.dumps(packed)) < 8 << 10  # references and layout only, never the bytes
+
+    @ray.remote
+    def read(weights: PackedWeights, name: str) -> tuple[dict, torch.Tensor]:
+        return {k: v.clone() for k, v in weights.items()}, weights[name].clone()
+
+    received, single = ray.get(read.remote(packed, "layers.2.weight"))
+    assert list(received) == [n for n, _ in named]
+    for name, t in named:
+        expected = t.to(torch.bfloat16) if t.is_floating_point() else t
+        assert received[name].dtype == expected.dtype and torch.equal(received[name], expected), name
+    assert torch.equal(single, named[2][1].to(torch.bfloat16))
+
+
+def _record_engine_loads(runner) -> None:
+    """Record, on the runner, every (name, tensor) its vLLM engine is handed by a sync (copies)."""
+    backend = runner.module.backend
+    original = backend.update_weights
+    runner.engine_loads = []
+
+    def record(named):
+        pairs = [(name, t) for name, t in (named.items() if hasattr(named, "items") else named)]
+        runner.engine_loads.append(
+            {name: backend_tensor.clone() for name, backend_tensor in backend._weights(pairs)}
+        )
+        return original(pairs)
+
+    backend.update_weights = record
+
+
+@pytest.mark.parametrize(
+    ("case", "setup"),
+    [
+        ("hf, 2 runners", dict(runners=2, gagpo={})),
+        ("hf, LoRA merged", dict(runners=1, gagpo={"lora_rank": 2})),
+        ("hf, 2 FSDP learners", dict(runners=1, learners=2, gagpo={"learner_sharding": "fsdp"})),
+        pytest.param(
+            "vllm, 1 runner",
+            dict(runners=1, gagpo={"backend": "vllm", "max_prompt_tokens": 600}),
+            marks=pytest.mark.vllm_engine,
+        ),
+    ],
+)
+def test_what_the_runners_load_is_the_learners_weights_in_the_rollout_dtype_bit_for_bit(
+    ray_cluster, tiny_maze_config, case: str, setup: dict, request
+) -> None:
+    """After an update, every runner holds (HF) or is handed (the real vLLM CPU engine) exactly the learner's
+    inference weights cast to bfloat16, through several buckets."""
+    from gagpo_rllib.rllib import weight_sync
+    from gagpo_rllib.rllib.rllib_internals import on_first_learner
+
+    if setup["gagpo"].get("backend") == "vllm":
+        request.getfixturevalue("real_vllm")  # skipped where vLLM is not installed, unless required
+    config = tiny_maze_config(dtype="bfloat16", **setup["gagpo"]).env_runners(
+        num_env_runners=setup["runners"]
+    )
+    if setup.get("learners"):
+        config = config.learners(num_learners=setup["learners"])
+    algo = config.build_algo()
+    try:
+        group = algo.env_runner_group
+        vllm = setup["gagpo"].get("backend") == "vllm"
+        if vllm:
+            group.foreach_env_runner(_record_engine_loads, local_env_runner=False)
+
+        def expected(learner):
+            module = learner.module["default_policy"].unwrapped()
+            return {
+                k.removeprefix("model."): v.to(torch.bfloat16).cpu() for k, v in module.inference_tensors()
+            }
+
+        def small_buckets(learner):
+            weight_sync.BUCKET_BYTES = 256 << 10  # several buckets on the tiny policy
+            return True
+
+        algo.learner_group.foreach_learner(
+            small_buckets
+        ) if not algo.learner_group.is_local else small_buckets(None)
+        algo.train()
+        if algo.learner_group.is_local:
+            want = expected(algo.learner_group._learner)
+        else:  # learner 0 serves the weights (under FSDP the only one holding them whole)
+            want = on_first_learner(algo.learner_group, expected)
+        if vllm:
+            held = group.foreach_env_runner(lambda r: r.engine_loads[-1], local_env_runner=False)
+        else:
+            held = group.foreach_env_runner(
+                lambda r: {k: v.clone() for k, v in r.module.model.state_dict().items()},
+                local_env_runner=False,
+            )
+        assert len(held) == setup["runners"]
+        for runner_state in held:
+            assert set(want) <= set(runner_state), case
+            for name, value in want.items():
+                got = runner_state[name]
+                assert got.dtype == torch.bfloat16 and torch.equal(got, value), (case, name)
+    finally:
+        weight_sync.BUCKET_BYTES = weight_sync.DEFAULT_BUCKET_BYTES
+        algo.stop()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gagpo_rllib.tools.cli import build_parser, main
@@ -238,6 +239,87 @@ def test_max_failures_restarts_a_failed_trial_from_its_checkpoint(
     assert "iter 3/3" in out and "trial failed" not in out
     # Restarted from checkpoint_000000 (iteration 1), not from scratch: iteration 1 is reported once.
     assert [int(r["training_iteration"]) for r in progress_rows(storage / "flaky")] == [1, 2, 3]
+
+
+LEARNER_KILLER_HEAD = """
+import os
+import signal
+from pathlib import Path
+
+from envs.maze.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
+
+MARKER = Path({marker!r})
+
+
+def arm_after_iteration_3(algorithm, result, **kwargs):
+    if result["training_iteration"] == 3 and not MARKER.exists():
+        pid = next(iter(algorithm.learner_group.foreach_learner(lambda learner: os.getpid()))).get()
+        MARKER.write_text(f"armed {{pid}}")
+
+
+class LearnerKillingMaze(MazeEnv):
+    # The first env step of iteration 4 SIGKILLs the remote learner's process: the update fails, the trial errors.
+    def step(self, action):
+        if MARKER.exists() and MARKER.read_text().startswith("armed"):
+            pid = int(MARKER.read_text().split()[1])
+            MARKER.write_text("killed")
+            os.kill(pid, signal.SIGKILL)
+        return super().step(action)
+"""
+
+
+def _final_weights(run: Path, name: str = "checkpoint_000005") -> dict:
+    from gagpo_rllib.tools.export import read_module_checkpoint
+
+    (checkpoint,) = run.rglob(name)
+    return read_module_checkpoint(checkpoint)[1]
+
+
+def test_a_learner_killed_mid_run_restores_bit_for_bit_from_the_kept_checkpoints(
+    ray_session, tmp_path: Path, tiny_policy_path: Path
+) -> None:
+    """One remote learner, a checkpoint every iteration, 2 kept. A SIGKILL of the learner in iteration 4 under
+    --max-failures 1 ends on the uninterrupted run's weights bit for bit, with only 2 checkpoints (and the best)
+    left; restoring the last kept checkpoint and training on also lands on them."""
+    marker = tmp_path / "kill"
+    head = LEARNER_KILLER_HEAD.format(marker=str(marker))
+    prompts = ", prompt_template=PROMPT_TEMPLATE, first_prompt_template=FIRST_PROMPT_TEMPLATE"
+    files = {}
+    for name, env, tail in (
+        ("plain", "MazeEnv", ""),
+        ("killed", "LearnerKillingMaze", "\n    .callbacks(on_train_result=arm_after_iteration_3)"),
+    ):
+        files[name] = tmp_path / f"{name}.py"
+        files[name].write_text(
+            tiny_maze_train_file(
+                tiny_policy_path,
+                env=env,
+                head=head,
+                gagpo=prompts,
+                config_tail="\n    .learners(num_learners=1)" + tail,
+            )
+        )
+    storage = tmp_path / "results"
+    common = ["--checkpoint-freq", "1", "--keep-checkpoints", "2", "--storage-path", str(storage)]
+    for name in ("plain", "killed"):
+        args = ["train", "file", str(files[name]), "--stop", '{"training_iteration": 6}', *common]
+        assert main([*args, "--name", name, "--max-failures", "1"]) == 0
+    assert marker.read_text() == "killed"  # the learner did die in iteration 4
+    assert [int(r["training_iteration"]) for r in progress_rows(storage / "killed")] == [1, 2, 3, 4, 5, 6]
+    kept = sorted(p.name for p in (storage / "killed").rglob("checkpoint_0*"))
+    assert kept == ["checkpoint_000004", "checkpoint_000005"]
+    assert len(list((storage / "killed").rglob("best_checkpoint"))) == 1
+    plain, killed = _final_weights(storage / "plain"), _final_weights(storage / "killed")
+    assert plain.keys() == killed.keys()
+    for key, value in plain.items():
+        assert torch.equal(killed[key], value), key
+
+    (last_but_one,) = (storage / "plain").rglob("checkpoint_000004")
+    args = ["train", "file", str(files["plain"]), "--stop", '{"training_iteration": 6}', *common]
+    assert main([*args, "--name", "restored", "--restore", str(last_but_one)]) == 0
+    restored = _final_weights(storage / "restored", "checkpoint_000000")
+    for key, value in plain.items():
+        assert torch.equal(restored[key], value), key
 
 
 def test_sft_help_and_argument_errors(capsys) -> None:
