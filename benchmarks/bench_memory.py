@@ -17,6 +17,11 @@
    learner} at the paper's minibatch (64 steps of ``--prompt-tokens`` + ``--action-tokens``): state + one chunk's
    activations (the learner runs backward chunk by chunk) + FSDP's all-gathered bf16 layers, against 80 GB and
    141 GB GPUs.
+5. **Layouts of the paper set-ups** (1.5B on 2 GPUs, 7B on 4; 80 GB = 74 GiB and 141 GB = 131 GiB): per GPU, the
+   rollout phase and the update phase of the separate plan (learners on whole GPUs, engines on the GPUs left, the
+   validation engine a fixed 0.15 slice) and of the colocated one (``paper_setup.colocated_memory``: a learner and
+   a training engine on every GPU, the engines asleep during the update, the validation engine sized from the
+   model beside one of them).
 
 LoRA (``GAGPOConfig.lora_rank``): the learner holds the bf16 base (2P, also the reference: adapters disabled) and
 fp32 adapters with their gradients and Adam moments (16A, A adapter parameters on every linear kind); measured in 1.
@@ -333,6 +338,87 @@ def gpu_table(args, formulas: dict[bool, ActivationFormula], slices: float) -> l
     return lines
 
 
+# ------------------------------------------------------------------------------------------------ 5. layouts
+def _learner_update_bytes(
+    args, formulas, slices, name: str, learners: int, fsdp: bool
+) -> tuple[float, float]:
+    """(resident state, update peak) bytes of one learner: the table's state, one chunk, vocabulary, gathered."""
+    layers, hidden, inter, heads, kv, vocab, tied = QWEN[name]
+    params = param_count(layers, hidden, inter, heads, kv, vocab, tied)
+    shape = (layers, hidden, inter, heads, kv, vocab)
+    step = args.prompt_tokens + args.action_tokens
+    chunk = max(1, args.chunk_tokens // step) * (
+        step * formulas[True].token(shape) + args.action_tokens * formulas[True].action_token(vocab)
+    )
+    layer = param_count(1, hidden, inter, heads, kv, 0, True) - hidden
+    root = vocab * hidden * (1 if tied else 2)
+    gathered = (2 * 2 * layer + 2 * root) if fsdp else 0.0
+    state = sum(state_bytes(params, learners if fsdp else 1).values())
+    return state, state + chunk + slices * slice_tokens_for(vocab) * vocab * 4 + gathered
+
+
+def layout_table(args, formulas: dict[bool, ActivationFormula], slices: float) -> list[str]:
+    from gagpo_rllib.rllib.paper_setup import (
+        CUDA_CONTEXT_GIB,
+        ENGINE_WORKING_GIB,
+        TRAIN_ENGINE_MEMORY,
+        VALID_ENGINE_MEMORY,
+        colocated_memory,
+    )
+
+    lines = [
+        "Per GPU, GiB, the fullest GPU of each layout: rollout phase / update phase (engines asleep in the update"
+        " when colocated: weights in host memory, KV cache freed; each process adds its CUDA context)",
+        "| model, GPUs | layout | GPU | learners | rollout | update | fits | GPUs busy in rollout / update |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    ctx = CUDA_CONTEXT_GIB * GIB
+    for name, gpus, separate_learners in (("Qwen2.5-1.5B", 2, 1), ("Qwen2.5-7B", 4, 3)):
+        layers, hidden, inter, heads, kv, vocab, tied = QWEN[name]
+        params = param_count(layers, hidden, inter, heads, kv, vocab, tied)
+        weights = 2 * params
+        for gpu_gib in (74, 131):
+            gpu = gpu_gib * GIB
+            # Separate: learners on whole GPUs (FSDP when 2+), both engines on the last GPU.
+            fsdp = separate_learners > 1
+            state, update = _learner_update_bytes(args, formulas, slices, name, separate_learners, fsdp)
+            learner_gpu = update + ctx
+            engines = (TRAIN_ENGINE_MEMORY + VALID_ENGINE_MEMORY) * gpu + 2 * ctx
+            valid_ok = VALID_ENGINE_MEMORY * gpu > weights + ENGINE_WORKING_GIB * GIB
+            worst = max(learner_gpu, engines)
+            fits = (
+                "yes"
+                if worst <= gpu and valid_ok
+                else ("no: the validation engine's slice < the weights" if not valid_ok else "no")
+            )
+            setup = f"{separate_learners} {'FSDP' if fsdp else 'DDP'} learner(s) + 1 engine GPU"
+            lines.append(
+                f"| {name}, {gpus} x {gpu_gib} GiB | separate | learner / engines | {setup} | "
+                f"{state / GIB + 1:.1f} / {engines / GIB:.1f} | {learner_gpu / GIB:.1f} / {engines / GIB:.1f} | "
+                f"{fits} | {gpus - separate_learners} of {gpus} / {separate_learners} of {gpus} |"
+            )
+            # Colocated: one learner and one training engine per GPU (+ the validation engine on one of them).
+            sharding = "fsdp" if name != "Qwen2.5-1.5B" else "ddp"
+            try:
+                plan = colocated_memory(params, num_learners=gpus, sharding=sharding, gpu_gib=gpu_gib)
+            except ValueError as err:
+                lines.append(
+                    f"| {name}, {gpus} x {gpu_gib} GiB | colocated | - | {gpus} {sharding} | - | - | no: {err} | - |"
+                )
+                continue
+            state, update = _learner_update_bytes(args, formulas, slices, name, gpus, sharding == "fsdp")
+            asleep = 2 * ENGINE_WORKING_GIB * GIB  # what a sleeping engine may keep (allocator, graphs), both
+            update_gpu = update + asleep + 3 * ctx
+            fits = "yes" if plan.rollout_gib <= gpu_gib and update_gpu <= gpu else "no"
+            lines.append(
+                f"| {name}, {gpus} x {gpu_gib} GiB | colocated | each | {gpus} {sharding.upper()} | "
+                f"{plan.rollout_gib:.1f} (engines {plan.train_engine_share:.3f} + {plan.valid_engine_share:.3f} of "
+                f"the GPU, KV {plan.train_kv_gib:.1f} + {plan.valid_kv_gib:.1f}) | {update_gpu / GIB:.1f} | {fits} | "
+                f"{gpus} of {gpus} / {gpus} of {gpus} |"
+            )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -395,6 +481,8 @@ def main() -> None:
         )
     print()
     print("\n".join(gpu_table(args, formulas, slices)))
+    print()
+    print("\n".join(layout_table(args, formulas, slices)))
 
 
 if __name__ == "__main__":

@@ -191,19 +191,21 @@ def resource_shortfall(config: Any) -> str | None:
 def gpu_placement_problem(config: Any) -> str | None:
     """What in the GPU layout would fail at run time, with the fix, or None.
 
-    - NCCL learners sharing a GPU: with two or more learners on GPUs each needs a whole one (Ray packs fractional
-      learners onto one device, and NCCL refuses two ranks on the same GPU).
+    - NCCL learners sharing a GPU: with two or more learners on GPUs each needs more than half of one (Ray packs
+      fractional learners onto one device, and NCCL refuses two ranks on the same GPU); over half, a learner shares
+      its GPU with EnvRunners only (the colocated plan of ``paper_setup``).
     - vLLM engines only where a GPU is reserved: the training rollouts need remote EnvRunners (a local runner is
       in the driver's or the Algorithm's process), validation needs its own evaluation EnvRunners, and on a
       cluster with GPUs every such runner needs a GPU share (else the engine starts on cuda:0, someone else's).
     """
     n_learners = int(config.num_learners)
     gpu_per_learner = float(config.num_gpus_per_learner or 0)
-    if n_learners >= 2 and 0 < gpu_per_learner < 1:
+    if n_learners >= 2 and 0 < gpu_per_learner <= 0.5:
         return (
-            f"num_learners={n_learners} with num_gpus_per_learner={gpu_per_learner:g}: NCCL needs a whole GPU per"
+            f"num_learners={n_learners} with num_gpus_per_learner={gpu_per_learner:g}: NCCL needs a GPU per"
             " learner (Ray would put two learners on one GPU and NCCL refuses that); set num_gpus_per_learner=1"
-            " and give the EnvRunners the GPUs that are left"
+            " and give the EnvRunners the GPUs that are left, or a share over 0.5 with the EnvRunners beside the"
+            " learners (paper_setup's colocated plan)"
         )
     in_eval = bool(getattr(config, "in_evaluation", False))
     capacity = cluster_capacity()

@@ -96,15 +96,22 @@ def test_paper_setup_with_a_model(
     c.validate()
     module = importlib.import_module(f"tuned_examples.gagpo_{name}")
     gpu = module.paper_config(str(tiny_policy_path), num_gpus=1)
-    # one GPU: half for the learner, half for the runner, of which a fifth is left to the validation runner
-    assert (gpu.backend, gpu.dtype, gpu.num_gpus_per_env_runner) == ("vllm", "bfloat16", pytest.approx(0.4))
-    assert gpu.num_gpus_per_learner == 0.5 and gpu.evaluation_config[
+    # one GPU, shared (the default): the learner over half of it, the runner the rest, of which a fifth is left to
+    # the validation runner; the engines sleep during the update
+    assert (gpu.backend, gpu.dtype, gpu.num_gpus_per_env_runner) == ("vllm", "bfloat16", pytest.approx(0.392))
+    assert gpu.num_gpus_per_learner == 0.51 and gpu.evaluation_config[
         "num_gpus_per_env_runner"
-    ] == pytest.approx(0.1)
+    ] == pytest.approx(0.098)
+    assert gpu.sleep_engines_during_update
     assert (
         gpu.evaluation_config["backend_kwargs"]["gpu_memory_utilization"]
         < gpu.backend_kwargs["gpu_memory_utilization"]
     )
+    # GAGPO_COLOCATE=0: half for the learner, half for the runner
+    monkeypatch.setenv("GAGPO_COLOCATE", "0")
+    apart = module.paper_config(str(tiny_policy_path), num_gpus=1)
+    assert (apart.num_gpus_per_learner, apart.num_gpus_per_env_runner) == (0.5, pytest.approx(0.4))
+    assert not apart.sleep_engines_during_update
 
 
 def test_resources_fit_the_machine(offline_env, tiny_policy_path: Path) -> None:

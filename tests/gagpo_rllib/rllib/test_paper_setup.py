@@ -11,6 +11,7 @@ from tests.gagpo_rllib.toy_env import CorridorEnv
 
 
 def _config(tiny_policy_path: Path, env_config: dict | None = None, **kwargs):
+    """The paper config on the toy env; the separate placement unless ``colocate`` says otherwise."""
     args = dict(
         model_path=str(tiny_policy_path),
         max_steps=7,
@@ -18,6 +19,7 @@ def _config(tiny_policy_path: Path, env_config: dict | None = None, **kwargs):
         valid_split="valid",
         num_learners=0,
         num_env_runners=1,
+        colocate=False,
     )
     return paper_config(CorridorEnv, env_config or {"split": "train"}, **{**args, **kwargs})
 
@@ -137,3 +139,57 @@ def test_gpu_learners_train_fp32_masters_with_checkpointing_and_shard_on_request
     monkeypatch.setenv("GAGPO_LEARNER_SHARDING", "zero3")
     with pytest.raises(ValueError, match="GAGPO_LEARNER_SHARDING: one of \\('ddp', 'fsdp'\\), got 'zero3'"):
         _config(tiny_policy_path)
+
+
+@pytest.mark.parametrize(("gpus", "learners", "runners"), [(2, 2, 2), (4, 4, 4), (1, 0, 1), (2, 1, 4)])
+def test_colocated_plans_put_a_learner_and_an_engine_on_every_gpu(
+    tiny_policy_path, gpus, learners, runners
+) -> None:
+    """One learner per GPU at most, the runners in what the learners leave, every share packs, the engines sleep
+    during the update and their memory comes from the model, not a fixed slice."""
+    c = _config(
+        tiny_policy_path, num_gpus=gpus, num_learners=learners, num_env_runners=runners, colocate=True
+    )
+    learner, runner, valid = (
+        c.num_gpus_per_learner,
+        c.num_gpus_per_env_runner,
+        c.evaluation_config["num_gpus_per_env_runner"],
+    )
+    assert learner > 0.5  # two learners can never share a GPU
+    assert _packs(gpus, [learner] * max(1, learners) + [runner] * runners + [valid])
+    if learners == gpus == runners:  # each GPU: exactly one learner and one training engine
+        assert learner + runner + valid <= 1.0 + 1e-9 and 2 * runner + learner > 1.0 - valid
+    assert c.sleep_engines_during_update is True and c.backend_kwargs["enable_sleep_mode"] is True
+    assert c.evaluation_config["backend_kwargs"]["enable_sleep_mode"] is True
+    with pytest.raises(ValueError, match="GAGPO_COLOCATE=1: one learner per GPU at most"):
+        _config(
+            tiny_policy_path, num_gpus=gpus, num_learners=gpus + 1, num_env_runners=runners, colocate=True
+        )
+
+
+def test_colocated_memory_fits_the_paper_models_and_names_what_does_not() -> None:
+    """1.5B on 2 x 80 GB (DDP) and 7B on 4 x 80 GB (FSDP x4): learner state, both engines' weights and KV caches
+    fit each GPU during the rollout, and the validation engine holds more than the weights (the fixed 0.15 slice of
+    the separate plan held 11 GiB, less than 7B's 14.2 GiB); 7B replicated (DDP) does not fit and says so."""
+    from gagpo_rllib.rllib.paper_setup import colocated_memory
+
+    for params, learners, sharding in ((1_543_714_304, 2, "ddp"), (7_615_616_512, 4, "fsdp")):
+        plan = colocated_memory(params, num_learners=learners, sharding=sharding, gpu_gib=74)
+        assert plan.rollout_gib <= 74
+        assert plan.valid_engine_share * 74 > plan.weights_gib + 1.0 and plan.valid_kv_gib >= 1.0
+        assert plan.train_engine_share * 74 > plan.weights_gib + 4.0
+    with pytest.raises(
+        ValueError, match=r"7.62B model does not fit a 74 GiB GPU: learner state 127.7 GiB \(ddp"
+    ):
+        colocated_memory(7_615_616_512, num_learners=4, sharding="ddp", gpu_gib=74)
+
+
+def test_the_parameter_count_comes_from_the_model_config(tiny_policy_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from gagpo_rllib.rllib.paper_setup import model_param_count
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy_path)
+    assert model_param_count(str(tiny_policy_path)) == sum(p.numel() for p in model.parameters())
+    with pytest.raises(ValueError, match="cannot read its config.json"):
+        model_param_count(str(tiny_policy_path / "missing"))

@@ -176,9 +176,14 @@ def test_placement_checks_name_the_problem_before_anything_starts(two_gpu_cluste
 
     sharing = _gpu_config().learners(num_learners=2, num_gpus_per_learner=0.5)
     problem = gpu_placement_problem(sharing)
-    assert "num_learners=2 with num_gpus_per_learner=0.5: NCCL needs a whole GPU" in problem
+    assert "num_learners=2 with num_gpus_per_learner=0.5: NCCL needs a GPU per learner" in problem
     assert "set num_gpus_per_learner=1" in problem
     assert gpu_placement_problem(_gpu_config().learners(num_learners=2, num_gpus_per_learner=1)) is None
+    # Over half a GPU each: never two learners on one device, EnvRunners beside them (the colocated plan).
+    colocated = _gpu_config(backend="vllm").learners(num_learners=2, num_gpus_per_learner=0.51)
+    colocated = colocated.env_runners(num_env_runners=2, num_gpus_per_env_runner=0.39)
+    assert gpu_placement_problem(colocated) is None
+    colocated.validate()
 
     too_many = _gpu_config().learners(num_learners=2, num_gpus_per_learner=1)
     too_many = too_many.env_runners(num_env_runners=1, num_gpus_per_env_runner=1)
