@@ -28,6 +28,7 @@ __all__ = [
     "decoder_layers",
     "full_model_state",
     "full_optimizer_state",
+    "full_tensor",
     "load_full_model_state",
     "load_full_optimizer_state",
     "set_gradient_sync",
@@ -85,6 +86,12 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
 def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
     """The full (unsharded) state dict on CPU on rank 0, empty elsewhere. A collective."""
     return get_model_state_dict(module, options=_FULL)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP shard (a collective: every learner calls it, in the same order), on the
+    shard's device; a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def load_full_model_state(module: nn.Module, state: dict[str, Any]) -> None:

@@ -555,10 +555,15 @@ class LLMRLModule(TorchRLModule):
             set_gradient_sync(part, enabled)
 
     def gather_full_state(self) -> None:
-        """FSDP: gather the full weights to learner 0, where ``get_state`` serves them. A collective."""
+        """FSDP: gather the full weights to learner 0, where ``get_state`` serves them (a checkpoint). A
+        collective. The weight sync does not need it: it gathers one bucket at a time (``weight_sync``)."""
         from gagpo_rllib.policy.fsdp import full_model_state
 
         self._gathered = full_model_state(self)
+
+    def release_full_state(self) -> None:
+        """FSDP: drop the gathered host copy (the whole model in float32 on learner 0) once it has served."""
+        self._gathered = None
 
     # ----------------------------------------------------------------------------------------------- state sync
     def get_state(self, *args: Any, inference_only: bool = False, **kwargs: Any) -> dict[str, Any]:
@@ -578,13 +583,18 @@ class LLMRLModule(TorchRLModule):
             return state
         return convert_to_numpy(state)
 
-    def inference_tensors(self) -> list[tuple[str, torch.Tensor]]:
+    def inference_tensors(self, *, shards: bool = False) -> list[tuple[str, torch.Tensor]]:
         """What EnvRunners load, as (name, tensor) pairs where the weights live and in their own dtype (the
         sender casts them to ``dtype`` on the way): the policy without learner-only parts; under LoRA the
-        adapters (adapter sync) or the merged policy, already in ``dtype``."""
+        adapters (adapter sync) or the merged policy, already in ``dtype``. ``shards`` (FSDP): this learner's
+        sharded tensors (DTensors with the full shape), which every learner gathers together tensor by tensor,
+        instead of the gathered host copy."""
         if self.lora and not self.sharded:
             return list(self._lora_tensors(True).items())
-        state = self._full_tensors()
+        if self.sharded and shards:
+            state = {k: v.detach() for k, v in self.state_dict().items()}
+        else:
+            state = self._full_tensors()
         if not self.inference_only and isinstance(self, InferenceOnlyAPI):
             learner_only = tuple(self.get_non_inference_attributes())
             return [
@@ -600,8 +610,8 @@ class LLMRLModule(TorchRLModule):
             return {k: v.detach() for k, v in self.state_dict().items()}
         if not self._gathered:
             raise RuntimeError(
-                "FSDP learner: the full weights are gathered on learner 0 only (after build, each update and "
-                "set_state); get_state was called on another learner or before a gather"
+                "FSDP learner: the full weights are gathered on learner 0 only, by gather_full_state on every "
+                "learner (GAGPO.save_to_path does); get_state was called on another learner or before a gather"
             )
         return dict(self._gathered)
 
@@ -659,8 +669,7 @@ class LLMRLModule(TorchRLModule):
         if self.sharded:
             from gagpo_rllib.policy.fsdp import load_full_model_state
 
-            load_full_model_state(self, state)  # every learner loads (a collective), then learner 0 serves it
-            self.gather_full_state()
+            load_full_model_state(self, state)  # every learner loads (a collective)
         else:
             if self.lora:
                 missing = sorted(trainable_names(self) - set(state))

@@ -113,20 +113,21 @@ class GAGPO(Algorithm):
         return request
 
     def setup(self, config) -> None:
-        """RLlib's set-up; then the evaluation runners take their weights as the training runners do
-        (``gagpo_rllib.rllib.weight_sync``: one object-store copy put by learner 0, not one through the driver)."""
+        """RLlib's set-up; then every sync RLlib itself makes from the learners (after a restore, before a
+        validation, to restored runners) goes through ``gagpo_rllib.rllib.weight_sync`` too: one object-store copy
+        put by learner 0 (under FSDP gathered bucket by bucket), not one through the driver."""
         # Engines this process started before this Algorithm (another run in the same process) are not its own.
         self._engines_before = _process_engines()
         # Steps the model needs before it loads (on_setup_start, e.g. a cached warm start).
         config.run_setup_start()
         super().setup(config)
-        evaluation = getattr(self, "eval_env_runner_group", None)
-        if (
-            evaluation is not None
-            and evaluation is not self.env_runner_group
-            and self.learner_group is not None
-        ):
-            route_learner_syncs(evaluation, self.learner_group)
+        if config.learner_sharding == "fsdp" and config.num_learners > 1:  # gathered for RLlib's first sync
+            self.learner_group.foreach_learner(lambda learner: learner.release_full_state())
+        if self.learner_group is not None:
+            route_learner_syncs(self.env_runner_group, self.learner_group)
+            evaluation = getattr(self, "eval_env_runner_group", None)
+            if evaluation is not None and evaluation is not self.env_runner_group:
+                route_learner_syncs(evaluation, self.learner_group)
 
     def restore_env_runners(self, env_runner_group) -> list[int]:
         """RLlib's restore, which syncs restored runners from the local runner; that one holds no weights when
@@ -203,6 +204,8 @@ class GAGPO(Algorithm):
             self.learner_group.foreach_learner(lambda learner: learner.gather_reference_caches())
         path = super().save_to_path(*args, **kwargs)
         write_rollout_weights(self.learner_group, path)
+        if self.config.learner_sharding == "fsdp" and self.config.num_learners > 1:
+            self.learner_group.foreach_learner(lambda learner: learner.release_full_state())
         return path
 
     def restore_from_path(self, path, *args, **kwargs) -> None:

@@ -14,8 +14,9 @@ methods of ``ray.rllib.core.learner.learner.Learner`` / ``...torch.torch_learner
   tensors (RLlib's ``convert_to_numpy`` raises on them); sharded learners save the full, gathered state.
 - ``_make_module`` / ``_make_modules_ddp_if_necessary``: FSDP2 sharding (``learner_sharding="fsdp"``) before the
   optimizers exist, instead of RLlib's DDP wrapper.
-- ``get_state``: with FSDP, full weights gathered collectively (``gather_full_state``, after build, each update
-  and each load) and served from that copy, since RLlib asks learner 0 alone.
+- ``get_state``: with FSDP, full weights gathered collectively (``gather_full_state``, at build for RLlib's
+  first sync and before a checkpoint, released after) and served from that copy, since RLlib asks learner 0
+  alone.
 
 The loss of one chunk is ``compute_loss_for_module`` (RLlib's hook, here called once per chunk); its statistics
 go to ``self.step_stats`` and are reduced over the learners once per step by ``log_step_stats``. The module
@@ -23,7 +24,7 @@ answers the chunked step through ``ChunkedModule``, a small typed protocol.
 
 ``RunnerInternals`` is a ``SingleAgentEnvRunner`` whose connectors, device, metrics counters and weights' sequence
 number its subclass reaches through public methods; ``local_learner``, ``on_first_learner`` and
-``route_whole_group_syncs`` do the same for a ``LearnerGroup`` and an ``EnvRunnerGroup``. Nothing else in the
+``route_learner_group_syncs`` do the same for a ``LearnerGroup`` and an ``EnvRunnerGroup``. Nothing else in the
 package touches a private attribute of RLlib (``tests/gagpo_rllib/rllib/test_rllib_boundary.py`` fails if it does),
 and importing this module checks that the installed RLlib is the version these overrides were written against.
 """
@@ -63,7 +64,7 @@ __all__ = [
     "check_rllib_version",
     "local_learner",
     "on_first_learner",
-    "route_whole_group_syncs",
+    "route_learner_group_syncs",
 ]
 
 # The RLlib release whose private methods this module overrides (pyproject pins it).
@@ -158,6 +159,9 @@ class ChunkedModule(Protocol):
     def gather_full_state(self) -> None:
         """FSDP: gather the full weights to learner 0 (a collective)."""
 
+    def release_full_state(self) -> None:
+        """FSDP: drop learner 0's gathered copy."""
+
 
 class ChunkedTorchLearner(TorchLearner):
     """A ``TorchLearner`` with covering minibatches, chunked backward, low-precision checkpoints and FSDP."""
@@ -221,7 +225,7 @@ class ChunkedTorchLearner(TorchLearner):
 
     def build(self) -> None:
         super().build()
-        if self.sharded:
+        if self.sharded:  # RLlib's set-up reads learner 0's state once for the runners' first weights
             self.gather_full_state()
 
     # ------------------------------------------------------------------------------------------- minibatches
@@ -366,14 +370,10 @@ class ChunkedTorchLearner(TorchLearner):
         """Reduce this step's statistics over the learners and log them (subclasses say which)."""
 
     # ---------------------------------------------------------------------------------------------- state
-    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
-        super().after_gradient_based_update(timesteps=timesteps)
-        if self.sharded:
-            self.gather_full_state()
-
     def gather_full_state(self, *, optimizer: bool = False) -> None:
         """FSDP: gather the full weights (and, if asked, optimizer state) to learner 0, for RLlib's
-        ``get_state``, which asks learner 0 alone. A collective: every learner calls it."""
+        ``get_state``, which asks learner 0 alone (a checkpoint; the weight sync gathers bucket by bucket
+        instead). A collective: every learner calls it; ``release_full_state`` frees the copy."""
         for sub in self.module.values():
             sub.unwrapped().gather_full_state()
         self._full_optimizer_state = None
@@ -388,6 +388,12 @@ class ChunkedTorchLearner(TorchLearner):
                 }
                 for name, optim in self._named_optimizers.items()
             }
+
+    def release_full_state(self) -> None:
+        """FSDP: free learner 0's gathered host copies of the weights and optimizer state."""
+        for sub in self.module.values():
+            sub.unwrapped().release_full_state()
+        self._full_optimizer_state = None
 
     def get_state(self, components=None, *, not_components=None, **kwargs):
         if (
@@ -529,6 +535,11 @@ def learner_weights_seq_no(learner: Any) -> int:
     return int(learner._weights_seq_no)
 
 
+def on_every_learner(learner_group: Any, fn: Callable[[Any], Any]) -> list[Any]:
+    """``fn(learner)`` on every healthy remote learner at once (collectives need them all); their results."""
+    return learner_group._get_results(learner_group.foreach_learner(fn))
+
+
 def on_first_learner(learner_group: Any, fn: Callable[[Any], Any]) -> Any:
     """``fn(learner)`` on the first healthy remote learner; its result (errors raised here)."""
     first = learner_group._worker_manager.healthy_actor_ids()[0]
@@ -536,10 +547,12 @@ def on_first_learner(learner_group: Any, fn: Callable[[Any], Any]) -> Any:
     return learner_group._get_results(results)[0]
 
 
-def route_whole_group_syncs(group: Any, learner_group: Any, sync: Callable[[Any, Any], Any]) -> None:
-    """Send RLlib's own whole-group, inference-only syncs of ``group`` from ``learner_group`` (the evaluation
-    runners' before each validation) through ``sync(group, learner_group)``; partial ones (restored runners,
-    chosen policies) stay RLlib's ``EnvRunnerGroup.sync_weights``."""
+def route_learner_group_syncs(
+    group: Any, learner_group: Any, sync: Callable[[Any, Any, list[int] | None], Any]
+) -> None:
+    """Send RLlib's own inference-only syncs of ``group`` from ``learner_group`` (after a restore, before each
+    validation, to restored runners) through ``sync(group, learner_group, worker_ids)`` (None: every runner);
+    syncs with global variables, or from an EnvRunner, stay RLlib's ``EnvRunnerGroup.sync_weights``."""
     rllib_sync = group.sync_weights
 
     def sync_weights(
@@ -550,9 +563,8 @@ def route_whole_group_syncs(group: Any, learner_group: Any, sync: Callable[[Any,
         timeout_seconds: float | None = 0.0,
         inference_only: bool | None = False,
     ) -> None:
-        whole = policies is None and to_worker_indices is None and global_vars is None
-        if from_worker_or_learner_group is learner_group and inference_only and whole:
-            sync(group, learner_group)
+        if from_worker_or_learner_group is learner_group and inference_only and global_vars is None:
+            sync(group, learner_group, None if to_worker_indices is None else list(to_worker_indices))
             return
         rllib_sync(
             policies=policies,

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +49,9 @@ from gagpo_rllib.policy.weight_buckets import (
 from gagpo_rllib.rllib.rllib_internals import (
     learner_weights_seq_no,
     local_learner,
+    on_every_learner,
     on_first_learner,
-    route_whole_group_syncs,
+    route_learner_group_syncs,
 )
 
 __all__ = [
@@ -164,28 +165,35 @@ def publish_tensors(
     *,
     bucket_bytes: int | None = None,
     threads: int = SYNC_THREADS,
-) -> PackedWeights:
+    whole: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    keep: bool = True,
+) -> PackedWeights | None:
     """Put ``named`` into the object store as buckets of ``bucket_bytes`` (None: ``BUCKET_BYTES``),
     floating-point tensors cast to ``dtype``: bucket ``i`` is put on a second thread while bucket ``i + 1`` is
-    filled."""
+    filled. ``whole`` makes a bucket's tensors whole before they are packed (FSDP: a gather, a collective that
+    every learner runs in the same order); ``keep`` False only takes part in those gathers and puts nothing."""
     buckets = plan_buckets(named, dtype, bucket_bytes or BUCKET_BYTES)
     tensors = dict(named)
-    staging = _staging(
-        max(bucket_size(b) for b in buckets) if buckets else 0, any(t.is_cuda for _, t in named)
-    )
+    pinned = any(t.is_cuda for _, t in named)
+    staging = _staging(max(bucket_size(b) for b in buckets), pinned) if keep and buckets else []
     refs: list[Any] = []
     with ThreadPoolExecutor(threads) as pool, ThreadPoolExecutor(1) as putter:
         pending = None
         for i, slots in enumerate(buckets):
+            values = {slot.name: tensors[slot.name] for slot in slots}
+            if whole is not None:
+                values = {name: whole(t) for name, t in values.items()}
+            if not keep:
+                continue
             # Two staging buffers: this one is filled while the other one's put runs (it is awaited below
             # before this one is handed to the put, and before the other is filled again).
-            buffer = pack(slots, tensors, pool, out=staging[i % 2])
+            buffer = pack(slots, values, pool, out=staging[i % 2])
             if pending is not None:
                 refs.append(pending.result())
             pending = putter.submit(ray.put, buffer.numpy())
         if pending is not None:
             refs.append(pending.result())
-    return PackedWeights(buckets, refs)
+    return PackedWeights(buckets, refs) if keep else None
 
 
 _STAGING: list[torch.Tensor] = []
@@ -200,20 +208,51 @@ def _staging(nbytes: int, pinned: bool) -> list[torch.Tensor]:
     return _STAGING
 
 
-def _publish(learner: Any) -> PublishedWeights:
-    """On the learner: its inference-only module state, checked finite and put into the object store once."""
+def _publish(learner: Any) -> PublishedWeights | None:
+    """On the learner: its inference-only module state, checked finite and put into the object store once.
+    Under FSDP every learner takes part (``_publish_shards``) and learner 0 alone returns the weights."""
+    if learner.sharded:
+        return _publish_shards(learner)
     learner.check_weights_finite()
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
-    named = module.inference_tensors()
-    packed = publish_tensors(named, module.dtype)
+    packed = publish_tensors(module.inference_tensors(), module.dtype)
+    return _published(packed, learner)
+
+
+def _published(packed: PackedWeights, learner: Any) -> PublishedWeights:
     nbytes = sum(slot.nbytes for slots in packed.buckets for slot in slots)
     return PublishedWeights(packed, learner_weights_seq_no(learner), nbytes, len(packed))
 
 
+def _publish_shards(learner: Any) -> PublishedWeights | None:
+    """FSDP, on every learner at once: the tensors of one bucket are gathered whole (collectives, in the same
+    order everywhere) and learner 0 casts them into the bucket and puts it, so learner 0's host holds two
+    staging buffers, never the model. The shards are checked finite first, on their devices, and the learners
+    agree on the result before any collective, so all raise or none does."""
+    from gagpo_rllib.policy.distributed import agree_max, world
+    from gagpo_rllib.policy.fsdp import full_tensor
+
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    bad = module.nonfinite_weights()
+    if agree_max(float(len(bad)), next(module.parameters()).device) > 0:
+        raise RuntimeError(
+            f"GAGPO learner: weights {bad[:5]} of {DEFAULT_MODULE_ID} (this learner's shards) are not finite, or "
+            "another learner's are; not handing them out"
+        )
+    first = world()[1] == 0
+    packed = publish_tensors(
+        module.inference_tensors(shards=True), module.dtype, whole=full_tensor, keep=first
+    )
+    return _published(packed, learner) if packed is not None else None
+
+
 def publish_weights(learner_group: Any) -> PublishedWeights:
-    """Learner 0 (or the local learner) publishes its weights; only the references come back to the caller."""
+    """Learner 0 (or the local learner) publishes its weights; only the references come back to the caller.
+    Sharded (FSDP) learners all take part, learner 0's result is the one."""
     if learner_group.is_local:
         return _publish(local_learner(learner_group))
+    if learner_group.config.learner_sharding == "fsdp" and learner_group.config.num_learners > 1:
+        return next(r for r in on_every_learner(learner_group, _publish) if r is not None)
     return on_first_learner(learner_group, _publish)
 
 
@@ -303,9 +342,14 @@ def write_rollout_weights(
 
 
 def route_learner_syncs(group: Any, learner_group: Any) -> None:
-    """Send RLlib's own whole-group syncs of ``group`` from ``learner_group`` (the evaluation runners' before each
-    validation) through ``sync_env_runners``; partial ones (restored runners, chosen policies) stay RLlib's."""
-    route_whole_group_syncs(group, learner_group, lambda g, lg: sync_env_runners(g, lg))
+    """Send RLlib's own inference-only syncs of ``group`` from ``learner_group`` through ``sync_env_runners``:
+    after a restore, before each validation (the evaluation runners), and to chosen runners (restored ones,
+    loaded whatever their sequence number), so no RLlib path asks learner 0 for a copy of the weights."""
+    route_learner_group_syncs(
+        group,
+        learner_group,
+        lambda g, lg, ids: sync_env_runners(g, lg, worker_ids=ids, force=ids is not None),
+    )
 
 
 def sync_local_runner(group: Any, learner_group: Any) -> None:

@@ -53,13 +53,17 @@ def _shard_share(learner) -> dict:
 
 
 def _full_weights(learner) -> dict[str, torch.Tensor]:
-    """Learner 0's gathered full weights (empty on other learners), as torch tensors."""
+    """Learner 0's gathered full weights (empty on other learners), as torch tensors: gathered for this call
+    (a collective, as before a checkpoint) and released again."""
+    learner.gather_full_state()
     state = (
         learner.get_state(components="rl_module")["rl_module"][DEFAULT_MODULE_ID]
         if dist.get_rank() == 0
         else {}
     )
-    return {k: torch.as_tensor(np.asarray(v)) for k, v in state.items()}
+    out = {k: torch.as_tensor(np.asarray(v)).clone() for k, v in state.items()}
+    learner.release_full_state()
+    return out
 
 
 @pytest.fixture(scope="module")

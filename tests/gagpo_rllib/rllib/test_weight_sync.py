@@ -203,6 +203,13 @@ def test_what_the_runners_load_is_the_learners_weights_in_the_rollout_dtype_bit_
         if algo.learner_group.is_local:
             want = expected(algo.learner_group._learner)
         else:  # learner 0 serves the weights (under FSDP the only one holding them whole)
+            if setup["gagpo"].get("learner_sharding") == "fsdp":
+                # The sync gathered bucket by bucket: no learner keeps a whole copy of the model after it.
+                holds = algo.learner_group.foreach_learner(
+                    lambda learner: learner.module["default_policy"].unwrapped()._gathered is None
+                )
+                assert all(r.get() for r in holds)
+                algo.learner_group.foreach_learner(lambda learner: learner.gather_full_state())
             want = on_first_learner(algo.learner_group, expected)
         if vllm:
             held = group.foreach_env_runner(lambda r: r.engine_loads[-1], local_env_runner=False)
