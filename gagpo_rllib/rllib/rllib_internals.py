@@ -23,8 +23,8 @@ go to ``self.step_stats`` and are reduced over the learners once per step by ``l
 answers the chunked step through ``ChunkedModule``, a small typed protocol.
 
 ``RunnerInternals`` is a ``SingleAgentEnvRunner`` whose connectors, device, metrics counters and weights' sequence
-number its subclass reaches through public methods; ``local_learner``, ``on_first_learner`` and
-``route_learner_group_syncs`` do the same for a ``LearnerGroup`` and an ``EnvRunnerGroup``. Nothing else in the
+number its subclass reaches through public methods; ``local_learner``, ``on_first_learner``,
+``on_every_learner``, ``learner_weights_seq_no`` and ``route_learner_group_syncs`` do the same for a ``LearnerGroup`` and an ``EnvRunnerGroup``. Nothing else in the
 package touches a private attribute of RLlib (``tests/gagpo_rllib/rllib/test_rllib_boundary.py`` fails if it does),
 and importing this module checks that the installed RLlib is the version these overrides were written against.
 """
@@ -61,8 +61,11 @@ __all__ = [
     "ChunkedModule",
     "ChunkedTorchLearner",
     "RunnerInternals",
+    "REFERENCE_CACHES",
     "check_rllib_version",
+    "learner_weights_seq_no",
     "local_learner",
+    "on_every_learner",
     "on_first_learner",
     "route_learner_group_syncs",
 ]
