@@ -134,3 +134,65 @@ def test_a_single_machine_run_listens_on_loopback_only(tmp_path: Path, tiny_poli
     assert any("gcs_server" in n for n in names) and any("raylet" in n for n in names), names
     exposed = [s for s in sockets if not _is_loopback(s[2])]
     assert not exposed, f"listening beyond loopback: {exposed}"
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path: Path, tiny_policy_path) -> None:
+    """Ctrl-C after iteration 3 of 6 (a checkpoint every iteration, 2 kept), then ``--resume``: the run ends on
+    the weights of a run never interrupted, bit for bit, keeping 2 checkpoints and the best."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from gagpo_rllib.tools.export import read_module_checkpoint
+
+    train_file = tmp_path / "maze_tiny.py"
+    train_file.write_text(tiny_maze_train_file(tiny_policy_path))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT))
+    storage = tmp_path / "results"
+    common = [
+        "--checkpoint-freq",
+        "1",
+        "--keep-checkpoints",
+        "2",
+        "--num-cpus",
+        "2",
+        "--storage-path",
+        str(storage),
+    ]
+    stop = ["--stop", '{"training_iteration": 6}']
+    cli = [sys.executable, "-m", "gagpo_rllib.tools.cli", "train", "file", str(train_file)]
+
+    done = subprocess.run(
+        [*cli, *stop, *common, "--name", "plain"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    log: list[str] = []
+    with running_train_file(train_file, [*stop, *common, "--name", "cut"], cwd=ROOT, env=env) as (
+        proc,
+        lines,
+    ):
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any("iter 3/6" in line for line in log):
+            log.append(lines.get(timeout=deadline - time.monotonic()))
+    assert not any("iter 6/6" in line for line in log), "the run was not interrupted"
+    resumed = subprocess.run(
+        [*cli, "--resume", str(storage / "cut"), "--num-cpus", "2"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert resumed.returncode == 0 and "iter 6/6" in resumed.stdout, resumed.stdout[-2000:]
+    assert sorted(p.name for p in (storage / "cut").rglob("checkpoint_0*")) == [
+        "checkpoint_000004",
+        "checkpoint_000005",
+    ]
+    assert len(list((storage / "cut").rglob("best_checkpoint"))) == 1
+    (plain,) = (storage / "plain").rglob("checkpoint_000005")
+    (cut,) = (storage / "cut").rglob("checkpoint_000005")
+    want, got = read_module_checkpoint(plain)[1], read_module_checkpoint(cut)[1]
+    assert want.keys() == got.keys()
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
