@@ -147,7 +147,15 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path: Path,
     from gagpo_rllib.tools.export import read_module_checkpoint
 
     train_file = tmp_path / "maze_tiny.py"
-    train_file.write_text(tiny_maze_train_file(tiny_policy_path))
+    # Iterations from the 3rd on take 3 s longer (after their update: the weights are untouched), so the
+    # interrupt sent on reading "iter 3/6" lands in iteration 4 however fast the machine.
+    slow = "\nimport time\n\n\ndef slow_from_3(algorithm, result, **kwargs):\n"
+    slow += '    if result["training_iteration"] >= 3:\n        time.sleep(3)\n'
+    train_file.write_text(
+        tiny_maze_train_file(
+            tiny_policy_path, head=slow, config_tail="\n    .callbacks(on_train_result=slow_from_3)"
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT))
     storage = tmp_path / "results"
