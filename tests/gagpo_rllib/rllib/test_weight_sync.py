@@ -196,9 +196,10 @@ def test_what_the_runners_load_is_the_learners_weights_in_the_rollout_dtype_bit_
             weight_sync.BUCKET_BYTES = 256 << 10  # several buckets on the tiny policy
             return True
 
-        algo.learner_group.foreach_learner(
-            small_buckets
-        ) if not algo.learner_group.is_local else small_buckets(None)
+        if algo.learner_group.is_local:
+            small_buckets(None)
+        else:
+            algo.learner_group.foreach_learner(small_buckets)
         algo.train()
         if algo.learner_group.is_local:
             want = expected(algo.learner_group._learner)
