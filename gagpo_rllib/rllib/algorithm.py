@@ -121,7 +121,7 @@ class GAGPO(Algorithm):
         # Steps the model needs before it loads (on_setup_start, e.g. a cached warm start).
         config.run_setup_start()
         super().setup(config)
-        if config.learner_sharding == "fsdp" and config.num_learners > 1:  # gathered for RLlib's first sync
+        if config.shards_learners:  # gathered for RLlib's first sync
             self.learner_group.foreach_learner(lambda learner: learner.release_full_state())
         if self.learner_group is not None:
             route_learner_syncs(self.env_runner_group, self.learner_group)
@@ -198,13 +198,13 @@ class GAGPO(Algorithm):
         recompute those values in other batches and drift from the uninterrupted run by their rounding. Sharded
         (FSDP) learners first gather the full weights and optimizer state on learner 0 together, since RLlib asks
         learner 0 alone and a gather needs every learner; the caches are gathered the same way."""
-        if self.config.learner_sharding == "fsdp" and self.config.num_learners > 1:
+        if self.config.shards_learners:
             self.learner_group.foreach_learner(lambda learner: learner.gather_full_state(optimizer=True))
         if self.config.num_learners > 1:  # each learner caches its own groups' reference log-probs
             self.learner_group.foreach_learner(lambda learner: learner.gather_reference_caches())
         path = super().save_to_path(*args, **kwargs)
         write_rollout_weights(self.learner_group, path)
-        if self.config.learner_sharding == "fsdp" and self.config.num_learners > 1:
+        if self.config.shards_learners:
             self.learner_group.foreach_learner(lambda learner: learner.release_full_state())
         return path
 

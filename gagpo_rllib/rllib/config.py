@@ -886,6 +886,12 @@ class GAGPOConfig(AlgorithmConfig):
         return float(self.num_gpus_per_learner or 0) > 0
 
     @property
+    def shards_learners(self) -> bool:
+        """Whether the learners shard the model (FSDP over two or more learners): then a whole copy of the weights
+        exists only when they gather it together, and collectives need every learner."""
+        return self.learner_sharding == "fsdp" and int(self.num_learners) > 1
+
+    @property
     def shuffles_minibatches(self) -> bool:
         """Whether the learners deal the steps into minibatches at random (see ``shuffle_batch_per_epoch``). A critic
         needs it: minibatches of a few whole groups are a few tasks each, and a value regression stepped on one

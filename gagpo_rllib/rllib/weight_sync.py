@@ -251,7 +251,7 @@ def publish_weights(learner_group: Any) -> PublishedWeights:
     Sharded (FSDP) learners all take part, learner 0's result is the one."""
     if learner_group.is_local:
         return _publish(local_learner(learner_group))
-    if learner_group.config.learner_sharding == "fsdp" and learner_group.config.num_learners > 1:
+    if learner_group.config.shards_learners:
         return next(r for r in on_every_learner(learner_group, _publish) if r is not None)
     return on_first_learner(learner_group, _publish)
 

@@ -114,6 +114,16 @@ def test_minibatches_are_shuffled_by_default_exactly_when_a_critic_trains() -> N
     assert config.copy().training(shuffle_batch_per_epoch=True).shuffles_minibatches
 
 
+def test_learners_shard_only_under_fsdp_with_two_or_more() -> None:
+    from gagpo_rllib import GAGPOConfig
+
+    config = GAGPOConfig().llm(model_path="m")
+    assert not config.shards_learners
+    assert not config.copy().learners(learner_sharding="fsdp", num_learners=1).shards_learners
+    assert not config.copy().learners(learner_sharding="ddp", num_learners=2).shards_learners
+    assert config.copy().learners(learner_sharding="fsdp", num_learners=2).shards_learners
+
+
 def test_old_logprobs_are_recomputed_exactly_when_rollout_numerics_differ():
     from gagpo_rllib import GAGPOConfig
 
