@@ -44,6 +44,15 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from gagpo_rllib.method.loss import gagpo_policy_loss
 from gagpo_rllib.policy.logprobs import action_logprobs, slice_tokens_for, token_scores
 from gagpo_rllib.policy.rl_module import enable_checkpointing
+from gagpo_rllib.rllib.paper_setup import (
+    CUDA_CONTEXT_GIB,
+    ENGINE_WORKING_GIB,
+    LEARNER_STATE_BYTES_PER_PARAM,
+    TRAIN_ENGINE_MEMORY,
+    VALID_ENGINE_MEMORY,
+    colocated_memory,
+    decoder_param_count,
+)
 
 GIB = 1024**3
 QWEN = {  # layers, hidden, intermediate, heads, kv heads, vocab, tied embeddings
@@ -77,10 +86,8 @@ def _config(layers, hidden, inter, heads, kv, vocab, tied=True) -> Qwen2Config:
 
 
 def param_count(layers, hidden, inter, heads, kv, vocab, tied) -> int:
-    """Qwen2 parameters: attention (q, k, v with bias, o), SwiGLU MLP, two norms per layer; embeddings, norm, head."""
-    kv_dim = kv * hidden // heads
-    layer = hidden * hidden + hidden + 2 * (hidden * kv_dim + kv_dim) + hidden * hidden + 3 * hidden * inter
-    return layers * (layer + 2 * hidden) + vocab * hidden * (1 if tied else 2) + hidden
+    """Qwen2 parameters (``paper_setup.decoder_param_count``, which sizes the colocated engines)."""
+    return decoder_param_count(layers, hidden, inter, heads, kv, vocab, tied)
 
 
 def lora_param_count(layers, hidden, inter, heads, kv, rank) -> int:
@@ -102,11 +109,11 @@ def lora_state_bytes(params: int, adapters: int) -> dict[str, float]:
 
 
 def state_bytes(params: int, learners: int = 1) -> dict[str, float]:
-    """Per learner: fp32 masters, fp32 gradients, Adam's two fp32 moments, the bf16 reference (sharded by N)."""
-    return {
-        k: v * params / learners
-        for k, v in {"weights": 4, "gradients": 4, "optimizer": 8, "reference": 2}.items()
-    }
+    """Per learner: fp32 masters, fp32 gradients, Adam's two fp32 moments, the bf16 reference (sharded by N);
+    together ``paper_setup.LEARNER_STATE_BYTES_PER_PARAM`` per parameter."""
+    parts = {"weights": 4, "gradients": 4, "optimizer": 8, "reference": 2}
+    assert sum(parts.values()) == LEARNER_STATE_BYTES_PER_PARAM
+    return {k: v * params / learners for k, v in parts.items()}
 
 
 # ------------------------------------------------------------------------------------------------ 1. state
@@ -358,13 +365,6 @@ def _learner_update_bytes(
 
 
 def layout_table(args, formulas: dict[bool, ActivationFormula], slices: float) -> list[str]:
-    from gagpo_rllib.rllib.paper_setup import (
-        CUDA_CONTEXT_GIB,
-        ENGINE_WORKING_GIB,
-        TRAIN_ENGINE_MEMORY,
-        VALID_ENGINE_MEMORY,
-        colocated_memory,
-    )
 
     lines = [
         "Per GPU, GiB, the fullest GPU of each layout: rollout phase / update phase (engines asleep in the update"

@@ -27,6 +27,7 @@ __all__ = [
     "ColocatedMemory",
     "colocated_memory",
     "count_from_env",
+    "decoder_param_count",
     "gpu_plan",
     "model_param_count",
     "paper_config",
@@ -45,6 +46,9 @@ GIB = 1024**3
 # (activations, sampler, CUDA graphs) beyond its weights and KV cache.
 CUDA_CONTEXT_GIB = 1.0
 ENGINE_WORKING_GIB = 1.5
+# What a learner holds per parameter through the rollout: fp32 weights, fp32 gradients, Adam's two fp32 moments and
+# the bf16 reference (measured against this in benchmarks/bench_memory.py).
+LEARNER_STATE_BYTES_PER_PARAM = 4 + 4 + 8 + 2
 # KV cache the colocated engines need at least (training, validation), and how the rest is shared (training 2/3).
 MIN_KV_GIB = (4.0, 1.0)
 TRAIN_KV_SHARE = 2 / 3
@@ -134,10 +138,29 @@ def _engine(memory: float, *, sleep: bool = False) -> dict:
     }
 
 
+def decoder_param_count(
+    layers: int,
+    hidden: int,
+    intermediate: int,
+    heads: int,
+    kv_heads: int,
+    vocab: int,
+    tied: bool,
+    head_dim: int | None = None,
+) -> int:
+    """Parameters of a Qwen2-layout decoder: per layer attention (q, k, v with biases, o), a gated MLP and two
+    norms; the embeddings, the final norm, and the output head unless tied (a Llama-like model without q/k/v biases
+    has that many fewer)."""
+    kv = kv_heads * (head_dim or hidden // heads)
+    per_layer = (
+        hidden * hidden + hidden + 2 * (hidden * kv + kv) + hidden * hidden + 3 * hidden * intermediate
+    )
+    return layers * (per_layer + 2 * hidden) + vocab * hidden * (1 if tied else 2) + hidden
+
+
 def model_param_count(model_path: str) -> int:
-    """Parameters of a decoder-only model from its ``config.json`` (a local folder or a cached hub id; nothing is
-    downloaded): embeddings, attention with q/k/v biases, a gated MLP and norms per layer, the output head unless
-    tied. Qwen2.5's layout; within 1% of the model cards for other Llama-like models."""
+    """``decoder_param_count`` of the model's ``config.json`` (a local folder or a cached hub id; nothing is
+    downloaded)."""
     from transformers import AutoConfig
 
     try:
@@ -147,12 +170,17 @@ def model_param_count(model_path: str) -> int:
             f"model_path {model_path!r}: cannot read its config.json to size the colocated engines ({err}); use a "
             "local model folder or set GAGPO_COLOCATE=0"
         ) from err
-    h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     heads = cfg.num_attention_heads
-    kv = (getattr(cfg, "num_key_value_heads", None) or heads) * (getattr(cfg, "head_dim", None) or h // heads)
-    per_layer = h * h + h + 2 * (h * kv + kv) + h * h + 3 * h * i + 2 * h
-    head = 0 if getattr(cfg, "tie_word_embeddings", False) else cfg.vocab_size * h
-    return int(cfg.vocab_size * h + layers * per_layer + h + head)
+    return decoder_param_count(
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        heads,
+        getattr(cfg, "num_key_value_heads", None) or heads,
+        cfg.vocab_size,
+        bool(getattr(cfg, "tie_word_embeddings", False)),
+        getattr(cfg, "head_dim", None),
+    )
 
 
 @dataclass(frozen=True)
@@ -182,7 +210,7 @@ def colocated_memory(params: int, *, num_learners: int, sharding: str, gpu_gib: 
     what is left after the minimum KV caches goes to the caches, 2/3 to the training engine. Raises ValueError
     naming what does not fit."""
     shards = max(1, num_learners) if sharding == "fsdp" else 1
-    state = 18 * params / shards / GIB
+    state = LEARNER_STATE_BYTES_PER_PARAM * params / shards / GIB
     weights = 2 * params / GIB
     fixed = state + 3 * CUDA_CONTEXT_GIB + 2 * (weights + ENGINE_WORKING_GIB)
     spare = gpu_gib - fixed - sum(MIN_KV_GIB)
