@@ -39,11 +39,7 @@ class Slot:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * _itemsize(self.dtype)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
 def _target_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
@@ -92,7 +88,7 @@ def _copy_tasks(slot: Slot, dst: torch.Tensor, src: torch.Tensor) -> list[tuple[
         # Cast where the weights live, then one device-to-host copy of the rollout-dtype bytes.
         src = src.to(slot.dtype)
     flat_dst, flat_src = dst.reshape(-1), src.detach().contiguous().reshape(-1)
-    step = max(1, _PIECE_BYTES // _itemsize(slot.dtype))
+    step = max(1, _PIECE_BYTES // slot.dtype.itemsize)
     return [(flat_dst[i : i + step], flat_src[i : i + step]) for i in range(0, flat_dst.numel(), step)]
 
 

@@ -24,7 +24,8 @@ answers the chunked step through ``ChunkedModule``, a small typed protocol.
 
 ``RunnerInternals`` is a ``SingleAgentEnvRunner`` whose connectors, device, metrics counters and weights' sequence
 number its subclass reaches through public methods; ``local_learner``, ``on_first_learner``,
-``on_every_learner``, ``learner_weights_seq_no`` and ``route_learner_group_syncs`` do the same for a ``LearnerGroup`` and an ``EnvRunnerGroup``. Nothing else in the
+``on_every_learner``, ``learner_weights_seq_no`` and ``route_learner_group_syncs`` do the same for a
+``LearnerGroup`` and an ``EnvRunnerGroup``. Nothing else in the
 package touches a private attribute of RLlib (``tests/gagpo_rllib/rllib/test_rllib_boundary.py`` fails if it does),
 and importing this module checks that the installed RLlib is the version these overrides were written against.
 """
@@ -436,14 +437,13 @@ class ChunkedTorchLearner(TorchLearner):
 
     def gather_reference_caches(self) -> None:
         """Every learner's reference caches to every learner (a collective: each caches the rows of its own
-        groups), for learner 0's next ``get_state``; GAGPO.save_to_path calls it on all learners."""
-        own = self._reference_cache_states()
+        groups), for learner 0's next ``get_state``; GAGPO.save_to_path calls it on all learners. A lone
+        learner's ``get_state`` takes its own."""
         size, _ = world()
         if size == 1:
-            self._gathered_caches = [own]
             return
         gathered: list[Any] = [None] * size
-        torch.distributed.all_gather_object(gathered, own)
+        torch.distributed.all_gather_object(gathered, self._reference_cache_states())
         self._gathered_caches = gathered
 
     def _reference_cache_states(self) -> dict[str, dict]:
