@@ -248,15 +248,35 @@ def test_nonfinite_loss_on_one_learner_skips_the_step_on_both(algo: GAGPO, episo
     assert any(not torch.equal(v, moved[0][k]) for k, v in after[0][0].items())
 
 
+def _reference_cache(learner) -> tuple[list[bytes], np.ndarray]:
+    state = learner.module["default_policy"].unwrapped().reference_cache.get_state()
+    return state["keys"], state["values"].copy()
+
+
+def _empty_reference_cache(learner) -> None:
+    cache = learner.module["default_policy"].unwrapped().reference_cache
+    cache.set_state(type(cache)(cache.max_rows).get_state())
+
+
 def test_checkpoint_restores_both_learners(algo: GAGPO, episodes: list, tmp_path: Path) -> None:
     saved = _on_learners(algo, lambda learner: (_weights(learner), _adam_state(learner)))
+    caches = _on_learners(algo, _reference_cache)
+    assert (
+        all(keys for keys, _ in caches) and caches[0][0] != caches[1][0]
+    )  # each learner caches its own groups
     algo.save_to_path(tmp_path / "ckpt")
     algo.learner_group.update(training_data=_training_data(algo, episodes), num_epochs=1, minibatch_size=None)
+    _on_learners(algo, _empty_reference_cache)
     algo.restore_from_path(tmp_path / "ckpt")
     restored = _on_learners(algo, lambda learner: (_weights(learner), _adam_state(learner)))
     for weights, state in restored:
         assert all(torch.equal(v, weights[k]) for k, v in saved[0][0].items())
         assert all(torch.equal(a, b) for a, b in zip(saved[0][1], state, strict=True))
+    # Each learner gets back its own reference log-probs (gathered from both at the save).
+    for (keys, values), (want_keys, want_values) in zip(
+        _on_learners(algo, _reference_cache), caches, strict=True
+    ):
+        assert keys == want_keys and np.array_equal(values, want_values)
 
 
 def test_a_trial_the_cluster_cannot_hold_is_refused_not_left_pending(algo: GAGPO) -> None:
