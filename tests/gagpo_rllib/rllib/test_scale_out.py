@@ -259,6 +259,7 @@ def _empty_reference_cache(learner) -> None:
 
 
 def test_checkpoint_restores_both_learners(algo: GAGPO, episodes: list, tmp_path: Path) -> None:
+    algo.learner_group.update(training_data=_training_data(algo, episodes), num_epochs=1, minibatch_size=None)
     saved = _on_learners(algo, lambda learner: (_weights(learner), _adam_state(learner)))
     caches = _on_learners(algo, _reference_cache)
     assert (
