@@ -1,4 +1,5 @@
-"""Train files for ``rllib train file`` tests: the built-in maze, 2 groups of 2 rollouts, 6 steps, seed 0."""
+"""Train files for ``rllib train file`` tests (the built-in maze, 2 groups of 2 rollouts, 6 steps, seed 0), running
+one in a process of its own, and comparing the weights its checkpoints hold."""
 
 from __future__ import annotations
 
@@ -65,3 +66,20 @@ def running_train_file(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def run_weights(run: Path, checkpoint: str = "checkpoint_000005") -> dict:
+    """The policy weights (Hugging Face names) of the one checkpoint named ``checkpoint`` under a run folder."""
+    from gagpo_rllib.tools.export import read_module_checkpoint
+
+    (folder,) = run.rglob(checkpoint)
+    return read_module_checkpoint(folder)[1]
+
+
+def assert_same_weights(got: dict, want: dict) -> None:
+    """The same tensors under the same names, bit for bit."""
+    import torch
+
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name

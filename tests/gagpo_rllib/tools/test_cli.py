@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 import ray
-import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gagpo_rllib.tools.cli import build_parser, main
-from tests.gagpo_rllib.train_files import tiny_maze_train_file
+from tests.gagpo_rllib.train_files import assert_same_weights, run_weights, tiny_maze_train_file
 
 RECORD_START = """
 config = config.callbacks(on_algorithm_init=record_start)
@@ -268,13 +267,6 @@ class LearnerKillingMaze(MazeEnv):
 """
 
 
-def _final_weights(run: Path, name: str = "checkpoint_000005") -> dict:
-    from gagpo_rllib.tools.export import read_module_checkpoint
-
-    (checkpoint,) = run.rglob(name)
-    return read_module_checkpoint(checkpoint)[1]
-
-
 def test_a_learner_killed_mid_run_restores_bit_for_bit_from_the_kept_checkpoints(
     ray_session, tmp_path: Path, tiny_policy_path: Path
 ) -> None:
@@ -309,17 +301,13 @@ def test_a_learner_killed_mid_run_restores_bit_for_bit_from_the_kept_checkpoints
     kept = sorted(p.name for p in (storage / "killed").rglob("checkpoint_0*"))
     assert kept == ["checkpoint_000004", "checkpoint_000005"]
     assert len(list((storage / "killed").rglob("best_checkpoint"))) == 1
-    plain, killed = _final_weights(storage / "plain"), _final_weights(storage / "killed")
-    assert plain.keys() == killed.keys()
-    for key, value in plain.items():
-        assert torch.equal(killed[key], value), key
+    plain = run_weights(storage / "plain")
+    assert_same_weights(run_weights(storage / "killed"), plain)
 
     (last_but_one,) = (storage / "plain").rglob("checkpoint_000004")
     args = ["train", "file", str(files["plain"]), "--stop", '{"training_iteration": 6}', *common]
     assert main([*args, "--name", "restored", "--restore", str(last_but_one)]) == 0
-    restored = _final_weights(storage / "restored", "checkpoint_000000")
-    for key, value in plain.items():
-        assert torch.equal(restored[key], value), key
+    assert_same_weights(run_weights(storage / "restored", "checkpoint_000000"), plain)
 
 
 def test_sft_help_and_argument_errors(capsys) -> None:
