@@ -2,7 +2,8 @@
 a runner's rollout-dtype copy, in two Ray processes on this machine, and the expected seconds per sync at 1.5B
 and 7B per transport from stated link speeds.
 
-The state has the shapes of Qwen2.5-0.5B (494M parameters, random values; ``--model``). A sender actor holds it
+The state is the state dict of a Qwen2.5-0.5B-shaped model (random values; ``bench_learner``'s shapes, ``--model``),
+the tied output head included, as the sync sends it. A sender actor holds it
 in float32 as a learner does; a receiver actor holds a preallocated copy in the rollout dtype as an engine does
 (its ``load`` copies into it, which a real engine's ``reload_weights`` also does). One sync = the sender publishes
 (cast, put) and the receiver loads (get, copy in); both are timed, and the receiver's bytes are checked equal to
@@ -15,7 +16,7 @@ the sender's cast, bit for bit, for every path.
   ``uint8`` buckets, out-of-band, put overlapped with the next bucket's fill) read through ``PackedWeights``; the
   path the runs use, with the machine's threads.
 
-``python benchmarks/bench_weight_sync.py`` (``--repeats``, ``--model 0.5b|tiny``, ``--dtype``). Needs ~8 GiB of
+``python benchmarks/bench_weight_sync.py`` (``--repeats``, ``--model 0.5b|cpu|1.5b``, ``--dtype``). Needs ~8 GiB of
 memory at 0.5B.
 """
 
@@ -33,14 +34,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_learner import SHAPES, VOCAB  # noqa: E402
+
 from gagpo_rllib.rllib.weight_sync import SYNC_THREADS, PackedWeights, publish_tensors  # noqa: E402
 
 GIB = 1 << 30
-# Qwen2.5 shapes (tied head for 0.5B/1.5B); (hidden, intermediate, layers, heads, kv heads, vocab).
-MODELS = {
-    "tiny": (128, 384, 4, 4, 2, 151_936),
-    "0.5b": (896, 4_864, 24, 14, 2, 151_936),
-}
 # Parameter counts of the paper's models (Qwen2.5 model cards), for the modelled table.
 PAPER_PARAMS = {"1.5B": 1.54e9, "7B": 7.62e9}
 # Stated link speeds (GB/s, decimal) for the modelled table; what each transport is bound by.
@@ -52,27 +50,13 @@ LINKS = {
 
 
 def qwen_state(model: str) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of a Qwen2 decoder's state dict (Hugging Face names, tied head)."""
-    hidden, inter, layers, heads, kv, vocab = MODELS[model]
-    head_dim = hidden // heads
-    shapes = [("model.embed_tokens.weight", (vocab, hidden))]
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        shapes += [
-            (p + "self_attn.q_proj.weight", (hidden, hidden)),
-            (p + "self_attn.q_proj.bias", (hidden,)),
-            (p + "self_attn.k_proj.weight", (kv * head_dim, hidden)),
-            (p + "self_attn.k_proj.bias", (kv * head_dim,)),
-            (p + "self_attn.v_proj.weight", (kv * head_dim, hidden)),
-            (p + "self_attn.v_proj.bias", (kv * head_dim,)),
-            (p + "self_attn.o_proj.weight", (hidden, hidden)),
-            (p + "mlp.gate_proj.weight", (inter, hidden)),
-            (p + "mlp.up_proj.weight", (inter, hidden)),
-            (p + "mlp.down_proj.weight", (hidden, inter)),
-            (p + "input_layernorm.weight", (hidden,)),
-            (p + "post_attention_layernorm.weight", (hidden,)),
-        ]
-    return shapes + [("model.norm.weight", (hidden,))]
+    """(name, shape) of the state dict of a Qwen2 model with ``bench_learner``'s shapes, as Hugging Face builds it
+    (on the meta device: no memory), the tied output head included as the sync sends it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        model_ = Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, **SHAPES[model]))
+    return [(name, tuple(t.shape)) for name, t in model_.state_dict().items()]
 
 
 def _fingerprint(tensors: list[torch.Tensor]) -> list[int]:
@@ -89,9 +73,9 @@ def _fingerprint(tensors: list[torch.Tensor]) -> list[int]:
 class Sender:
     """A learner's side: the float32 weights and the publish step of each path."""
 
-    def __init__(self, model: str, seed: int) -> None:
+    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], seed: int) -> None:
         gen = torch.Generator().manual_seed(seed)
-        self.state = [(name, torch.randn(shape, generator=gen) * 0.02) for name, shape in qwen_state(model)]
+        self.state = [(name, torch.randn(shape, generator=gen) * 0.02) for name, shape in shapes]
 
     def nbytes(self, dtype: torch.dtype) -> int:
         return sum(t.numel() for _, t in self.state) * torch.empty((), dtype=dtype).element_size()
@@ -116,8 +100,8 @@ class Sender:
 class Receiver:
     """A runner's side: the rollout-dtype weights an engine holds, loaded by copy."""
 
-    def __init__(self, model: str, dtype: torch.dtype) -> None:
-        self.weights = {name: torch.zeros(shape, dtype=dtype) for name, shape in qwen_state(model)}
+    def __init__(self, shapes: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> None:
+        self.weights = {name: torch.zeros(shape, dtype=dtype) for name, shape in shapes}
 
     def load(self, weights) -> float:
         start = time.perf_counter()
@@ -133,12 +117,12 @@ class Receiver:
 
 
 def measure(
-    label: str, env: dict, args, dtype: torch.dtype, threads: int | None, expected: list[int]
+    label: str, env: dict, args, shapes: list, dtype: torch.dtype, threads: int | None, expected: list[int]
 ) -> dict:
     """Median publish and load seconds of ``args.repeats`` syncs (after one warm-up) through one path."""
     runtime_env = {"env_vars": env} if env else None
-    sender = Sender.options(runtime_env=runtime_env).remote(args.model, args.seed)
-    receiver = Receiver.options(runtime_env=runtime_env).remote(args.model, dtype)
+    sender = Sender.options(runtime_env=runtime_env).remote(shapes, args.seed)
+    receiver = Receiver.options(runtime_env=runtime_env).remote(shapes, dtype)
     nbytes = ray.get(sender.nbytes.remote(dtype))
     publish, load = [], []
     for i in range(args.repeats + 1):
@@ -160,7 +144,7 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=sorted(MODELS), default="0.5b")
+    parser.add_argument("--model", choices=sorted(SHAPES), default="0.5b")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -169,7 +153,8 @@ def main() -> None:
     threads = SYNC_THREADS
     ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
     try:
-        probe = Sender.remote(args.model, args.seed)
+        shapes = qwen_state(args.model)
+        probe = Sender.remote(shapes, args.seed)
         nbytes = ray.get(probe.nbytes.remote(dtype))
         expected = ray.get(probe.expected.remote(dtype))
         ray.kill(probe)
@@ -180,10 +165,12 @@ def main() -> None:
         )
         zero_copy = {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
         rows = [
-            measure("before (dict, pickled tensors)", {}, args, dtype, None, expected),
-            measure("zero-copy tensors (dict)", zero_copy, args, dtype, None, expected),
-            measure("buckets, 1 thread", {}, args, dtype, 1, expected),
-            measure(f"buckets, {threads} threads (the runs' path)", {}, args, dtype, threads, expected),
+            measure("before (dict, pickled tensors)", {}, args, shapes, dtype, None, expected),
+            measure("zero-copy tensors (dict)", zero_copy, args, shapes, dtype, None, expected),
+            measure("buckets, 1 thread", {}, args, shapes, dtype, 1, expected),
+            measure(
+                f"buckets, {threads} threads (the runs' path)", {}, args, shapes, dtype, threads, expected
+            ),
         ]
     finally:
         ray.shutdown()
