@@ -6,12 +6,12 @@ cannot drift apart. Imports nothing of ours: ``policy`` and ``rllib`` both use i
 Where each name lives:
 
 - episode ``custom_data`` (set by the EnvRunner from the driver's plan, or by the driver): ``GROUP_ID``,
-  ``TASK_ID``, ``MEMBER``, ``ATTEMPT``, ``WORKER_INDEX``, ``ENV_ERROR``, ``TRAINS``;
+  ``TASK_ID``, ``MEMBER``, ``ATTEMPT``, ``WORKER_INDEX``, ``WEIGHTS_SEQ_NO``, ``ENV_ERROR``, ``TRAINS``;
 - env-to-module batch (``PromptConnector`` -> ``LLMRLModule``): ``PROMPTS``, ``ADMISSIBLE``, ``GEN_SEED``;
 - per step in the episode's extra model outputs (module-to-env): ``PROMPT_IDS``, ``ACTION_IDS``,
   ``ACTION_LOGP``, ``ENV_ACTION``, ``INVALID``, ``INVALID_REASON``, ``STATE_KEY``;
 - train batch (``GroupedAdvantages`` -> Learner): ``PROMPT_IDS``, ``PROMPT_LEN``, ``ACTION_IDS``, ``ACTION_LEN``,
-  ``OLD_LOGP``, ``ADVANTAGES``, ``INVALID``, ``ALLOWED_IDS``, ``ROW_WEIGHT`` (added per chunk by the learner),
+  ``OLD_LOGP``, ``BEHAVIOUR_WEIGHT``, ``ADVANTAGES``, ``INVALID``, ``ALLOWED_IDS``, ``ROW_WEIGHT`` (added per chunk by the learner),
   ``OLD_VALUES`` and ``VALUE_TARGETS`` (critic baseline);
 - train forward output (``LLMRLModule`` / ``CriticRLModule``): ``LOGP``, ``MASK``, ``REF_LOGP``, ``ENTROPY``,
   ``UNIQUE_ROW_SHARE``, ``REFERENCE_CACHE_HIT_SHARE``, ``VALUES``.
@@ -31,6 +31,7 @@ class Columns:
     MEMBER = "member"  # 0..K-1 within the group
     ATTEMPT = "attempt"  # re-plays of this member within the iteration
     WORKER_INDEX = "worker_index"  # the EnvRunner that played it
+    WEIGHTS_SEQ_NO = "weights_seq_no"  # the sequence number of the weights it was played with
     ENV_ERROR = "env_error"  # the env error that ended the episode (also in the last info)
     TRAINS = "gagpo_trains"  # the driver's decision: this episode's group is in this iteration's update
 
@@ -52,6 +53,7 @@ class Columns:
     PROMPT_LEN = "prompt_len"
     ACTION_LEN = "action_len"
     OLD_LOGP = "old_logp"
+    BEHAVIOUR_WEIGHT = "behaviour_weight"  # per step: min(pi_prox / pi_behav, cap), off-policy steps only
     ADVANTAGES = "advantages"
     ALLOWED_IDS = "allowed_ids"
     ROW_WEIGHT = "row_weight"

@@ -78,6 +78,16 @@ def object_array(items: Any) -> np.ndarray:
     return out
 
 
+def _forward_columns(outs: list[Any]) -> dict[str, np.ndarray]:
+    """A forward's output columns from the backend's answers (one row per answer)."""
+    return {
+        RLlibColumns.ACTIONS: object_array(o.text for o in outs),
+        Columns.PROMPT_IDS: object_array(list(o.prompt_ids) for o in outs),
+        Columns.ACTION_IDS: object_array(list(o.action_ids) for o in outs),
+        Columns.ACTION_LOGP: object_array(list(o.logprobs) for o in outs),
+    }
+
+
 class LLMRLModule(TorchRLModule):
     """A causal LM policy whose action is the generated text of one turn.
 
@@ -274,12 +284,41 @@ class LLMRLModule(TorchRLModule):
             seed=batch.get(Columns.GEN_SEED),
         )
         self.generation_time_s += time.perf_counter() - start
-        return {
-            RLlibColumns.ACTIONS: object_array(o.text for o in outs),
-            Columns.PROMPT_IDS: object_array(list(o.prompt_ids) for o in outs),
-            Columns.ACTION_IDS: object_array(list(o.action_ids) for o in outs),
-            Columns.ACTION_LOGP: object_array(list(o.logprobs) for o in outs),
-        }
+        return _forward_columns(outs)
+
+    def submit_generation(self, batch: dict[str, Any], keys: list[Any], *, explore: bool = True) -> None:
+        """Hand the rows of ``batch`` (an env-to-module batch) to the backend as separate requests named by
+        ``keys``; their answers come back from ``collect_generation`` as each ends (per-episode generation)."""
+        from gagpo_rllib.policy.generation.base import GenerationRequest
+
+        sampling = self.sampling if explore else self.eval_sampling
+        prompts = [str(p) for p in batch[Columns.PROMPTS]]
+        admissible = batch.get(Columns.ADMISSIBLE)
+        if sampling.constrained and admissible is None:
+            raise ValueError("constrained decoding needs the batch's 'admissible' action lists")
+        seeds = batch.get(Columns.GEN_SEED)
+        if len(keys) != len(prompts):
+            raise ValueError(f"keys: {len(keys)} keys for {len(prompts)} prompts")
+        requests = [
+            GenerationRequest(
+                key=key,
+                prompt=prompt,
+                admissible=list(admissible[i]) if sampling.constrained else None,
+                seed=None if seeds is None else int(seeds[i]),
+            )
+            for i, (key, prompt) in enumerate(zip(keys, prompts, strict=True))
+        ]
+        start = time.perf_counter()
+        self.backend.submit(requests, sampling=sampling)
+        self.generation_time_s += time.perf_counter() - start
+
+    def collect_generation(self) -> tuple[list[Any], dict[str, Any]]:
+        """The keys of the requests that ended and their forward outputs (the columns ``_generate`` returns)."""
+        start = time.perf_counter()
+        with torch.no_grad():
+            answers = self.backend.collect()
+        self.generation_time_s += time.perf_counter() - start
+        return [k for k, _ in answers], _forward_columns([o for _, o in answers])
 
     def _forward_exploration(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
         with torch.no_grad():

@@ -38,8 +38,15 @@ from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats
 from gagpo_rllib.rllib.group_sampling import GroupSample, ask_env_runner, sample_whole_groups, split_plan
 from gagpo_rllib.rllib.learner import report_skipped_updates
 from gagpo_rllib.rllib.plans import EXTRA_GROUP_ID_BASE, extra_plan, task_plan
+from gagpo_rllib.rllib.rollout_pipeline import RolloutPipeline
 from gagpo_rllib.rllib.sharding import GroupShardedTrainingData, placement_shortfall
-from gagpo_rllib.rllib.weight_sync import route_learner_syncs, sync_env_runners, write_rollout_weights
+from gagpo_rllib.rllib.weight_sync import (
+    SyncReport,
+    prepare_sync,
+    route_learner_syncs,
+    sync_env_runners,
+    write_rollout_weights,
+)
 
 __all__ = ["GAGPO", "GAGPOConfig", "split_plan"]
 
@@ -214,20 +221,62 @@ class GAGPO(Algorithm):
         RLlib skips a weight sync whose sequence number is older than the runner's, which is the case when a live
         algorithm goes back to an earlier checkpoint; the runners' numbers are reset so the sync goes through.
         """
+        if (
+            getattr(self, "_pipeline", None) is not None
+        ):  # rollouts in flight played with the weights replaced now
+            self._pipeline.close()
+            self._pipeline = None
         super().restore_from_path(path, *args, **kwargs)
 
         self.env_runner_group.foreach_env_runner(lambda r: r.set_weights_seq_no(0), local_env_runner=True)
         sync_env_runners(self.env_runner_group, self.learner_group)
 
+    def sample_iteration(self, iteration: int) -> tuple[GroupSample, DynamicSample | None, float]:
+        """Play iteration ``iteration``'s plan (and dynamic sampling's extra rounds); logs nothing, so that it can
+        run beside the update (``gagpo_rllib.rllib.rollout_pipeline``)."""
+        t0 = time.perf_counter()
+        sample = self.sample_whole_groups(self.iteration_plan(iteration), iteration)
+        dynamic = self.sample_dynamic(sample, iteration) if self.config.dynamic_sampling else None
+        return sample, dynamic, time.perf_counter() - t0
+
+    def rollout_pipeline(self) -> RolloutPipeline:
+        """The queue of rollout jobs of ``max_staleness`` >= 1, started on first use."""
+        if getattr(self, "_pipeline", None) is None:
+            overlap = self.env_runner_group.num_remote_env_runners() > 0
+            self._pipeline = RolloutPipeline(self.sample_iteration, overlap=overlap)
+        return self._pipeline
+
+    def stop(self) -> None:
+        if getattr(self, "_pipeline", None) is not None:
+            self._pipeline.close()
+            self._pipeline = None
+        super().stop()
+
     def training_step(self) -> None:
         cfg: GAGPOConfig = self.config
         iteration = self.iteration
-        plan = self.iteration_plan(iteration)
-        t0 = time.perf_counter()
+        updates = getattr(self, "_updates", 0)  # updates in the learners' weights now
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
-            sample = self.sample_whole_groups(plan, iteration)
-            dynamic = self.sample_dynamic(sample, iteration) if cfg.dynamic_sampling else None
-        sample_s = time.perf_counter() - t0
+            if cfg.max_staleness == 0:
+                sample, dynamic, sample_s = self.sample_iteration(iteration)
+                staleness = 0
+            else:
+                pipeline = self.rollout_pipeline()
+                if updates > getattr(self, "_published_updates", 0):
+                    # The learners are idle: publish the last update's weights for the next queued job.
+                    pipeline.publish(prepare_sync(self.env_runner_group, self.learner_group), updates)
+                    self._published_updates = updates
+                wait_start = time.perf_counter()
+                pipeline.queue_until(iteration + cfg.max_staleness, start=iteration)
+                sampled = pipeline.take(iteration)
+                self.metrics.log_value(
+                    ("gagpo", "time_waiting_for_rollout_s"), time.perf_counter() - wait_start, window=1
+                )
+                sample, dynamic, sample_s = sampled.sample, sampled.dynamic, sampled.sample_s
+                staleness = updates - sampled.weights_version
+                if sampled.sync is not None:
+                    self.log_weight_sync(sampled.sync)
+        self.metrics.log_value(("gagpo", "staleness"), float(staleness), window=1)
         # Rollout metrics are over everything played; with dynamic sampling the update sees the informative
         # groups only.
         episodes = dynamic.batch if dynamic is not None else sample.episodes
@@ -275,17 +324,22 @@ class GAGPO(Algorithm):
                     )
                 self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
                 report_skipped_updates(self.metrics, iteration)
-            with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
-                synced = sync_env_runners(self.env_runner_group, self.learner_group)
-            # One copy of the inference-only weights per iteration, fetched by every runner (gagpo_rllib.rllib.weight_sync).
-            self.metrics.log_value(("gagpo", "weight_sync_bytes"), float(synced.nbytes), window=1)
-            self.metrics.log_value(("gagpo", "weight_sync_tensors"), float(synced.num_tensors), window=1)
-            self.metrics.log_value(("gagpo", "weight_sync_runners"), float(synced.runners), window=1)
-            self.metrics.log_value(("gagpo", "weight_sync_s"), synced.seconds, window=1)
+            self._updates = updates + 1
+            if cfg.max_staleness == 0:
+                with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+                    synced = sync_env_runners(self.env_runner_group, self.learner_group)
+                self.log_weight_sync(synced)
         self.metrics.log_value(("gagpo", "update_skipped"), float(not trainable), window=1)
         if cfg.backend == "vllm":
             self.log_engine_census()
         self.metrics.log_value(("gagpo", "time_learner_s"), time.perf_counter() - t0, window=1)
+
+    def log_weight_sync(self, synced: SyncReport) -> None:
+        """One copy of the inference-only weights per sync, fetched by every runner (``weight_sync``)."""
+        self.metrics.log_value(("gagpo", "weight_sync_bytes"), float(synced.nbytes), window=1)
+        self.metrics.log_value(("gagpo", "weight_sync_tensors"), float(synced.num_tensors), window=1)
+        self.metrics.log_value(("gagpo", "weight_sync_runners"), float(synced.runners), window=1)
+        self.metrics.log_value(("gagpo", "weight_sync_s"), synced.seconds, window=1)
 
     def engine_census(self) -> dict[str, Any]:
         """vLLM engines started so far: by the training runners, the evaluation runners and the Algorithm's own

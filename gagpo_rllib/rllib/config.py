@@ -41,6 +41,7 @@ __all__ = ["GAGPOConfig", "Components", "configure", "setter_of"]
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("hf", "vllm")
+ROLLOUT_SCHEDULES = ("per_episode", "lockstep")
 SHARDINGS = ("ddp", "fsdp")
 DTYPES = ("float32", "bfloat16", "float16")
 LORA_SYNCS = ("adapter", "merged")
@@ -94,11 +95,14 @@ TRAINING_FIELDS = (
     "recompute_old_logprobs",
     "train_chunk_tokens",
     "reference_cache_rows",
+    "max_staleness",
+    "behaviour_weight_cap",
 )
 ENV_RUNNER_FIELDS = (
     "backend",
     "backend_kwargs",
     "envs_per_runner",
+    "rollout_schedule",
     "sleep_engines_during_update",
     "torch_threads",
 )
@@ -227,7 +231,11 @@ class GAGPOConfig(AlgorithmConfig):
         self.gradient_checkpointing: bool | None = None
         self.learner_sharding: str = "ddp"
         self.envs_per_runner: int | None = None
+        self.rollout_schedule: str = "per_episode"
         self.sleep_engines_during_update: bool = False
+        # Rollout overlapped with the update: episodes may come from weights this many updates old (0: on-policy).
+        self.max_staleness: int = 0
+        self.behaviour_weight_cap: float = 5.0
         # Learner forwards: tokens per length-sorted chunk, reference log-prob rows kept across updates.
         self.train_chunk_tokens: int = 16384
         self.reference_cache_rows: int = 100_000
@@ -372,6 +380,8 @@ class GAGPOConfig(AlgorithmConfig):
         recompute_old_logprobs: bool | None = NotProvided,
         train_chunk_tokens: int | None = NotProvided,
         reference_cache_rows: int | None = NotProvided,
+        max_staleness: int | None = NotProvided,
+        behaviour_weight_cap: float | None = NotProvided,
         **kwargs: Any,
     ) -> GAGPOConfig:
         """RLlib's training settings (lr, num_epochs, minibatch_size, grad_clip, ...) plus the loss and learner
@@ -391,6 +401,13 @@ class GAGPOConfig(AlgorithmConfig):
                 (padded) tokens, once per distinct (prompt, action) row (see ``gagpo_rllib.policy.unique_rows``).
             reference_cache_rows: reference log-probs of this many distinct rows are kept across updates (the
                 reference is frozen; see ``gagpo_rllib.policy.reference_cache``); 0 recomputes them every time.
+            max_staleness: 0 (default) samples each iteration with the weights of the update before it; k >= 1
+                lets the runners play the next k iterations' groups while the learners update, so an update may
+                train on episodes from weights up to k updates old. Then the old log-probs are recomputed (the
+                proximal policy of the ratio) and each step is weighted by its behaviour importance weight
+                ``min(pi_prox / pi_behav, behaviour_weight_cap)`` (the decoupled objective; see
+                ``gagpo_rllib.method.loss``).
+            behaviour_weight_cap: the truncation of that weight (default 5.0).
             kwargs: ``AlgorithmConfig.training``'s. ``shuffle_batch_per_epoch``: deal the batch's steps into the
                 minibatches at random every epoch (seeded); None (default): exactly when a critic trains (estimator
                 "ppo"), else minibatches are runs of whole groups in sampling order.
@@ -404,6 +421,7 @@ class GAGPOConfig(AlgorithmConfig):
         backend: str | None = NotProvided,
         backend_kwargs: dict | None = NotProvided,
         envs_per_runner: int | None = NotProvided,
+        rollout_schedule: str | None = NotProvided,
         sleep_engines_during_update: bool | None = NotProvided,
         torch_threads: int | None = NotProvided,
         **kwargs: Any,
@@ -413,6 +431,10 @@ class GAGPOConfig(AlgorithmConfig):
         Args:
             backend: "hf" (CPU or GPU) or "vllm" (GPU); backend_kwargs go to its constructor.
             envs_per_runner: sub-envs per EnvRunner; None = enough for its share of N x K at once.
+            rollout_schedule: "per_episode" (default): an episode asks for its next answer as soon as its own env
+                step returns (a vLLM engine batches them continuously; env steps run on a thread pool) and the
+                runners take whole groups from a queue as they free up; "lockstep": one batched call per turn for
+                all live sub-envs, contiguous shares of the plan per runner. Both play the same episodes.
             sleep_engines_during_update: put the vLLM engines to sleep (level 1: weights to host memory, KV
                 cache freed) during the learner update, so a learner fits beside them on one GPU; they wake
                 before the weight sync. Needs backend "vllm" and ``backend_kwargs["enable_sleep_mode"] = True``
@@ -604,6 +626,29 @@ class GAGPOConfig(AlgorithmConfig):
             "a model folder or hub id (set it with .llm(model_path=...))",
         )
         need(self.backend in BACKENDS, "backend", f"one of {BACKENDS}")
+        need(self.rollout_schedule in ROLLOUT_SCHEDULES, "rollout_schedule", f"one of {ROLLOUT_SCHEDULES}")
+        need(
+            is_int(self.max_staleness) and self.max_staleness >= 0,
+            "max_staleness",
+            "an int >= 0 (0: on-policy)",
+        )
+        need(
+            self.max_staleness == 0 or not self.sleep_engines_during_update,
+            "max_staleness",
+            "0 with sleep_engines_during_update (engines that play beside the update cannot sleep through it)",
+        )
+        need(
+            self.max_staleness == 0 or self.recompute_old_logprobs is not False,
+            "recompute_old_logprobs",
+            "None or True with max_staleness >= 1 (the ratio needs the proximal policy's log-probs)",
+        )
+        need(
+            isinstance(self.behaviour_weight_cap, (int, float))
+            and not isinstance(self.behaviour_weight_cap, bool)
+            and self.behaviour_weight_cap >= 1,
+            "behaviour_weight_cap",
+            "a number >= 1",
+        )
         need(isinstance(self.backend_kwargs, dict), "backend_kwargs", "a dict")
         validate_engine_sleep(self)
         if self.backend == "vllm":
@@ -867,6 +912,7 @@ class GAGPOConfig(AlgorithmConfig):
             constrained=self.constrained_decoding,
             recompute_old_logprobs=self.uses_recomputed_old_logprobs,
             similarity_threshold=self.similarity_threshold,
+            behaviour_weight_cap=float(self.behaviour_weight_cap) if self.max_staleness > 0 else None,
         )
 
     @property
@@ -902,10 +948,11 @@ class GAGPOConfig(AlgorithmConfig):
 
     @property
     def uses_recomputed_old_logprobs(self) -> bool:
-        """Whether the learner recomputes the old log-probs (see ``recompute_old_logprobs``)."""
+        """Whether the learner recomputes the old log-probs (see ``recompute_old_logprobs``); always with
+        ``max_staleness`` >= 1, where the rollout's are the behaviour policy's, not the proximal one's."""
         if self.recompute_old_logprobs is not None:
             return bool(self.recompute_old_logprobs)
-        return self.backend != "hf" or self.dtype != "float32"
+        return self.backend != "hf" or self.dtype != "float32" or self.max_staleness > 0
 
 
 def model_linear_names(model_path: str | None) -> list[str] | None:

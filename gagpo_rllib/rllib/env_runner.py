@@ -22,7 +22,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from ray.rllib.core.columns import Columns as RLlibColumns
@@ -30,10 +32,18 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.seeds import derive_seed
+from gagpo_rllib.policy.generation.base import GenerationBackend
 from gagpo_rllib.rllib.rllib_internals import RunnerInternals
 from gagpo_rllib.rllib.threads import set_torch_threads
 
-__all__ = ["EnvError", "GAGPOEnvRunner", "PlannedEpisode", "RolloutStats", "episode_env_error"]
+__all__ = [
+    "EnvError",
+    "GAGPOEnvRunner",
+    "GroupSource",
+    "PlannedEpisode",
+    "RolloutStats",
+    "episode_env_error",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +156,13 @@ class GAGPOEnvRunner(RunnerInternals):
         return self.env is not None
 
     def sample_groups(
-        self, plan: Sequence[PlannedEpisode], *, gen_seed: int | None = None, explore: bool = True
+        self,
+        plan: Sequence[PlannedEpisode],
+        *,
+        gen_seed: int | None = None,
+        explore: bool = True,
+        per_episode: bool = False,
+        source: GroupSource | None = None,
     ) -> tuple[list[SingleAgentEpisode], RolloutStats]:
         """Play every planned episode to its end; return them (in completion order) and the timing split.
 
@@ -154,117 +170,248 @@ class GAGPOEnvRunner(RunnerInternals):
         whose ``reset`` failed are only in ``stats.env_errors``. Row seeds: ``derive_seed(base, step)`` with base
         the planned episode's ``gen_seed``, else ``derive_seed(gen_seed, group_id, member)``; with neither, the
         backend's global RNG.
+
+        ``per_episode``: each episode asks for its next answer as soon as its own env step returns, and env steps
+        run on a thread pool (``_play_per_episode``); False plays in lock-step, one batched call per turn.
+        ``source``: more whole groups to take (``GroupSource.take``) whenever this runner has a free sub-env and
+        nothing of ``plan`` left, until the source is empty.
         """
-        envs = self.sub_envs()
-        pending = deque(plan)
-        slots: list[SingleAgentEpisode | None] = [None] * len(envs)
-        items: list[PlannedEpisode | None] = [None] * len(envs)
-        done: list[SingleAgentEpisode] = []
-        stats = RolloutStats()
+        rollout = _Rollout(self, plan, gen_seed, source)
+        if per_episode:
+            self._play_per_episode(rollout, explore)
+        else:
+            self._play_lockstep(rollout, explore)
+        self.count_sampled(rollout.done, rollout.stats.env_steps)
+        return rollout.done, rollout.stats
 
-        def row_seed_base(item: PlannedEpisode) -> int | None:
-            if item.gen_seed is not None:
-                return int(item.gen_seed)
-            if gen_seed is None:
-                return None
-            return derive_seed(gen_seed, item.group_id, item.member)
-
-        def env_error(item: PlannedEpisode, stage: str, step: int, err: Exception) -> str:
-            text = f"{type(err).__name__}: {err}"
-            stats.env_errors.append(
-                EnvError(item.group_id, item.task_id, item.member, item.attempt, stage, step, text)
-            )
-            logger.warning(
-                "env error in %s on task %s (group %s, member %s, attempt %s, step %s): %s",
-                stage,
-                item.task_id,
-                item.group_id,
-                item.member,
-                item.attempt,
-                step,
-                text,
-            )
-            return text
-
-        def start(i: int) -> None:
-            """Reset sub-env i for the next planned episode; a failing reset moves on to the one after."""
-            while pending and slots[i] is None:
-                item = pending.popleft()
-                episode = SingleAgentEpisode(
-                    observation_space=self.env.single_observation_space,
-                    action_space=self.env.single_action_space,
-                )
-                episode.custom_data.update(
-                    {
-                        Columns.GROUP_ID: item.group_id,
-                        Columns.TASK_ID: item.task_id,
-                        Columns.MEMBER: item.member,
-                        Columns.ATTEMPT: item.attempt,
-                        Columns.WORKER_INDEX: self.worker_index,
-                    }
-                )
-                t0 = time.perf_counter()
-                try:
-                    obs, info = envs[i].reset(seed=item.env_seed, options={"task_id": item.task_id})
-                except Exception as err:  # noqa: BLE001 - any env failure ends the episode, not the run
-                    env_error(item, "reset", 0, err)
-                    continue
-                finally:
-                    stats.env_s += time.perf_counter() - t0
-                episode.add_env_reset(observation=obs, infos=info)
-                slots[i], items[i] = episode, item
-
-        for i in range(len(envs)):
-            start(i)
-        while any(s is not None for s in slots):
-            live = [i for i, s in enumerate(slots) if s is not None]
-            episodes = [slots[i] for i in live]
+    def _play_lockstep(self, rollout: _Rollout, explore: bool) -> None:
+        """One batched generation per turn for all live sub-envs, then their env steps one after another."""
+        for i in range(len(rollout.envs)):
+            rollout.start(i)
+        while rollout.live():
+            live = rollout.live()
+            episodes = [rollout.slots[i] for i in live]
             t0 = time.perf_counter()
             to_module = self.env_to_module(episodes, explore=explore)
-            stats.connector_s += time.perf_counter() - t0
-            bases = [row_seed_base(items[i]) for i in live]
-            if all(b is not None for b in bases):
-                to_module[Columns.GEN_SEED] = [
-                    derive_seed(b, len(ep)) for b, ep in zip(bases, episodes, strict=True)
-                ]
+            rollout.stats.connector_s += time.perf_counter() - t0
+            rollout.add_seeds(to_module, live)
             forward = self.module.forward_exploration if explore else self.module.forward_inference
             gen_before = self.module.generation_time_s
             out = forward(to_module)
-            stats.generation_s += self.module.generation_time_s - gen_before
-            stats.generate_calls += 1
-            stats.generated_tokens += sum(len(ids) for ids in out[Columns.ACTION_IDS])
+            rollout.stats.generation_s += self.module.generation_time_s - gen_before
+            rollout.stats.generate_calls += 1
+            for i, step in self._actions(rollout, out, live, explore):
+                rollout.record(i, step())
+
+    def _play_per_episode(self, rollout: _Rollout, explore: bool) -> None:
+        """Per-episode generation: an episode's request goes to the backend the moment its env step returns.
+
+        With an engine that batches continuously (``submit``/``collect`` overridden, vLLM) the engine holds every
+        ready episode's request while the others' env steps run; a batching backend (HF) gets everything that
+        became ready together, after the env steps of the turn ran side by side on the pool, so its batches are
+        the lock-step ones. Either way an episode's answer depends only on its own seed.
+        """
+        module = self.module
+        continuous = type(module.backend).collect is not GenerationBackend.collect
+        envs = rollout.envs
+        ready = []
+        for i in range(len(envs)):
+            rollout.start(i)
+            if rollout.slots[i] is not None:
+                ready.append(i)
+        stepping: dict[Future, tuple[int, int]] = {}
+        with ThreadPoolExecutor(max_workers=max(1, len(envs)), thread_name_prefix="env-step") as pool:
+            while ready or stepping or module.backend.in_flight():
+                if ready:
+                    t0 = time.perf_counter()
+                    to_module = self.env_to_module([rollout.slots[i] for i in ready], explore=explore)
+                    rollout.stats.connector_s += time.perf_counter() - t0
+                    rollout.add_seeds(to_module, ready)
+                    gen_before = module.generation_time_s
+                    module.submit_generation(
+                        to_module, [(i, len(rollout.slots[i])) for i in ready], explore=explore
+                    )
+                    rollout.stats.generation_s += module.generation_time_s - gen_before
+                    ready = []
+                if module.backend.in_flight():
+                    gen_before = module.generation_time_s
+                    keys, out = module.collect_generation()
+                    rollout.stats.generation_s += module.generation_time_s - gen_before
+                    rollout.stats.generate_calls += 1
+                    slots = [i for i, _ in keys]
+                    for i, step in self._actions(rollout, out, slots, explore):
+                        stepping[pool.submit(step)] = (i, len(stepping))
+                if not stepping:
+                    continue
+                if continuous and module.backend.in_flight():
+                    finished = [f for f in stepping if f.done()]  # the engine has work: take what is ready
+                else:  # nothing to generate (or a batching backend): wait for the env steps
+                    finished, _ = wait(stepping, return_when=FIRST_COMPLETED if continuous else ALL_COMPLETED)
+                for future in sorted(finished, key=lambda f: stepping[f]):
+                    i, _ = stepping.pop(future)
+                    rollout.record(i, future.result())
+                    if rollout.slots[i] is not None:
+                        ready.append(i)
+
+    def _actions(self, rollout: _Rollout, out: dict, slots: list[int], explore: bool):
+        """The env step of each answered slot, as (slot, callable returning the step's outcome)."""
+        episodes = [rollout.slots[i] for i in slots]
+        rollout.stats.generated_tokens += sum(len(ids) for ids in out[Columns.ACTION_IDS])
+        t0 = time.perf_counter()
+        to_env = self.module_to_env(out, episodes, explore=explore)
+        rollout.stats.connector_s += time.perf_counter() - t0
+        actions = to_env.pop(RLlibColumns.ACTIONS)
+        env_actions = to_env.pop(RLlibColumns.ACTIONS_FOR_ENV, actions)
+        for j, i in enumerate(slots):
+            extra = {k: v[j] for k, v in to_env.items()}
+            rollout.pending_actions[i] = (actions[j], extra)
+            yield i, _env_step(rollout.envs[i], env_actions[j])
+
+
+@dataclass
+class _StepOutcome:
+    """What a sub-env's ``step`` returned, or the exception it raised, and how long it took."""
+
+    result: tuple | None
+    error: Exception | None
+    seconds: float
+
+
+def _env_step(env: Any, action: Any):
+    """A callable that steps ``env`` once and never raises (the error is returned)."""
+
+    def step() -> _StepOutcome:
+        t0 = time.perf_counter()
+        try:
+            return _StepOutcome(env.step(action), None, time.perf_counter() - t0)
+        except Exception as err:  # noqa: BLE001 - any env failure ends the episode, not the run
+            return _StepOutcome(None, err, time.perf_counter() - t0)
+
+    return step
+
+
+class GroupSource(Protocol):
+    """Whole groups handed out on request (a queue shared by the runners of an iteration)."""
+
+    def take(self) -> list[PlannedEpisode]:
+        """The next group's planned episodes; [] when no group is left."""
+
+
+class _Rollout:
+    """The state of one ``sample_groups`` call: the sub-envs' live episodes, what is planned, what is done."""
+
+    def __init__(
+        self, runner: GAGPOEnvRunner, plan: Sequence[PlannedEpisode], gen_seed: int | None, source: Any
+    ) -> None:
+        self.runner = runner
+        self.envs = runner.sub_envs()
+        self.pending = deque(plan)
+        self.source = source
+        self.gen_seed = gen_seed
+        self.slots: list[SingleAgentEpisode | None] = [None] * len(self.envs)
+        self.items: list[PlannedEpisode | None] = [None] * len(self.envs)
+        self.pending_actions: dict[int, tuple[Any, dict]] = {}
+        self.done: list[SingleAgentEpisode] = []
+        self.stats = RolloutStats()
+
+    def live(self) -> list[int]:
+        return [i for i, s in enumerate(self.slots) if s is not None]
+
+    def row_seed_base(self, item: PlannedEpisode) -> int | None:
+        if item.gen_seed is not None:
+            return int(item.gen_seed)
+        if self.gen_seed is None:
+            return None
+        return derive_seed(self.gen_seed, item.group_id, item.member)
+
+    def add_seeds(self, to_module: dict, slots: list[int]) -> None:
+        """One generation seed per row, from the episode's own seed base and its step."""
+        bases = [self.row_seed_base(self.items[i]) for i in slots]
+        if all(b is not None for b in bases):
+            to_module[Columns.GEN_SEED] = [
+                derive_seed(b, len(self.slots[i])) for b, i in zip(bases, slots, strict=True)
+            ]
+
+    def env_error(self, item: PlannedEpisode, stage: str, step: int, err: Exception) -> str:
+        text = f"{type(err).__name__}: {err}"
+        self.stats.env_errors.append(
+            EnvError(item.group_id, item.task_id, item.member, item.attempt, stage, step, text)
+        )
+        logger.warning(
+            "env error in %s on task %s (group %s, member %s, attempt %s, step %s): %s",
+            stage,
+            item.task_id,
+            item.group_id,
+            item.member,
+            item.attempt,
+            step,
+            text,
+        )
+        return text
+
+    def next_item(self) -> PlannedEpisode | None:
+        if not self.pending and self.source is not None:
+            self.pending.extend(self.source.take())
+        return self.pending.popleft() if self.pending else None
+
+    def start(self, i: int) -> None:
+        """Reset sub-env i for the next planned episode; a failing reset moves on to the one after."""
+        runner = self.runner
+        while self.slots[i] is None:
+            item = self.next_item()
+            if item is None:
+                return
+            episode = SingleAgentEpisode(
+                observation_space=runner.env.single_observation_space,
+                action_space=runner.env.single_action_space,
+            )
+            episode.custom_data.update(
+                {
+                    Columns.GROUP_ID: item.group_id,
+                    Columns.TASK_ID: item.task_id,
+                    Columns.MEMBER: item.member,
+                    Columns.ATTEMPT: item.attempt,
+                    Columns.WORKER_INDEX: runner.worker_index,
+                    Columns.WEIGHTS_SEQ_NO: runner.weights_seq_no(),
+                }
+            )
             t0 = time.perf_counter()
-            to_env = self.module_to_env(out, episodes, explore=explore)
-            stats.connector_s += time.perf_counter() - t0
-            actions = to_env.pop(RLlibColumns.ACTIONS)
-            env_actions = to_env.pop(RLlibColumns.ACTIONS_FOR_ENV, actions)
-            for j, i in enumerate(live):
-                t0 = time.perf_counter()
-                try:
-                    obs, reward, terminated, truncated, info = envs[i].step(env_actions[j])
-                except Exception as err:  # noqa: BLE001 - any env failure ends the episode, not the run
-                    text = env_error(items[i], "step", len(episodes[j]), err)
-                    obs, reward, terminated, truncated = episodes[j].get_observations(-1), 0.0, False, True
-                    info = {Columns.ENV_ERROR: text, Columns.TASK_ID: items[i].task_id}
-                    episodes[j].custom_data[Columns.ENV_ERROR] = text
-                finally:
-                    stats.env_s += time.perf_counter() - t0
-                episodes[j].add_env_step(
-                    observation=obs,
-                    action=actions[j],
-                    reward=float(reward),
-                    infos=info,
-                    terminated=bool(terminated),
-                    truncated=bool(truncated),
-                    extra_model_outputs={k: v[j] for k, v in to_env.items()},
-                )
-                stats.env_steps += 1
-                if episodes[j].is_done:
-                    done.append(episodes[j])
-                    slots[i], items[i] = None, None
-                    start(i)
-        self.count_sampled(done, stats.env_steps)
-        return done, stats
+            try:
+                obs, info = self.envs[i].reset(seed=item.env_seed, options={"task_id": item.task_id})
+            except Exception as err:  # noqa: BLE001 - any env failure ends the episode, not the run
+                self.env_error(item, "reset", 0, err)
+                continue
+            finally:
+                self.stats.env_s += time.perf_counter() - t0
+            episode.add_env_reset(observation=obs, infos=info)
+            self.slots[i], self.items[i] = episode, item
+
+    def record(self, i: int, outcome: _StepOutcome) -> None:
+        """Add sub-env i's step to its episode; a finished episode frees the sub-env for the next one."""
+        episode, item = self.slots[i], self.items[i]
+        action, extra = self.pending_actions.pop(i)
+        self.stats.env_s += outcome.seconds
+        if outcome.error is not None:
+            text = self.env_error(item, "step", len(episode), outcome.error)
+            obs, reward, terminated, truncated = episode.get_observations(-1), 0.0, False, True
+            info = {Columns.ENV_ERROR: text, Columns.TASK_ID: item.task_id}
+            episode.custom_data[Columns.ENV_ERROR] = text
+        else:
+            obs, reward, terminated, truncated, info = outcome.result
+        episode.add_env_step(
+            observation=obs,
+            action=action,
+            reward=float(reward),
+            infos=info,
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            extra_model_outputs=extra,
+        )
+        self.stats.env_steps += 1
+        if episode.is_done:
+            self.done.append(episode)
+            self.slots[i], self.items[i] = None, None
+            self.start(i)
 
 
 def episode_env_error(episode: SingleAgentEpisode) -> str | None:

@@ -1,8 +1,10 @@
 """Grouped sampling that survives lost EnvRunners and failing environments: only whole groups come back.
 
-One iteration's plan (N groups x K members) is played in rounds. Each round splits the members still missing over
-the remote EnvRunners that are healthy now (contiguous shares, so a group may span runners) and collects what
-comes back. A member is done when its episode ended without an env error; a group is complete when all K members
+One iteration's plan (N groups x K members) is played in rounds. In each round the members still missing go to
+the remote EnvRunners that are healthy now: with per-episode rollouts (``rollout_schedule="per_episode"``) as a
+queue of whole groups that each runner takes from whenever it has a free sub-env (``GroupQueue``), so a runner
+that finishes early takes the next group instead of idling; in lock-step, as contiguous shares (so a group may
+span runners). The round collects what comes back. A member is done when its episode ended without an env error; a group is complete when all K members
 are done. Members lost with a runner (killed, restarted, timed out) or ended by an env error are played again in
 the next round, on whichever runners are healthy or restored by then, with ``attempt`` + 1: generation seeds
 derive from (seed, iteration, group, member, attempt) and the step, never from the runner. After
@@ -34,19 +36,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import ray
 
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats, episode_env_error
 from gagpo_rllib.rllib.plans import episode_gen_seed
 
 __all__ = [
+    "GroupQueue",
     "GroupSample",
+    "PlanQueue",
     "GroupSamplingError",
     "RunnerResult",
     "ask_env_runner",
     "sample_whole_groups",
     "split_plan",
     "validate_fault_tolerance",
+    "whole_groups",
 ]
 
 logger = logging.getLogger(__name__)
@@ -120,8 +126,74 @@ def validate_fault_tolerance(config: Any) -> None:
         )
 
 
-def _play_fn(share: list[PlannedEpisode], explore: bool, expected_seq_no: int | None):
-    """The function sent to a runner: play ``share``; never raise (see the module docstring)."""
+def whole_groups(items: list[PlannedEpisode]) -> list[list[PlannedEpisode]]:
+    """``items`` as whole groups, in the order their groups first appear."""
+    groups: dict[int, list[PlannedEpisode]] = {}
+    for item in items:
+        groups.setdefault(item.group_id, []).append(item)
+    return list(groups.values())
+
+
+class PlanQueue:
+    """Whole groups handed out one at a time (``GroupSource``); the local form of ``GroupQueue``."""
+
+    def __init__(self, items: list[PlannedEpisode]) -> None:
+        self.groups = whole_groups(items)
+        self.taken = 0
+
+    def take(self) -> list[PlannedEpisode]:
+        if self.taken >= len(self.groups):
+            return []
+        self.taken += 1
+        return self.groups[self.taken - 1]
+
+
+@ray.remote(num_cpus=0, max_restarts=-1)
+class _GroupQueueActor:
+    """The queue of one round's groups, shared by the runners; ``round_id`` keeps a late call of an earlier
+    round (a runner timed out but still playing) from taking the next round's groups."""
+
+    def __init__(self) -> None:
+        self.round_id = -1
+        self.queue = PlanQueue([])
+
+    def fill(self, round_id: int, items: list[PlannedEpisode]) -> None:
+        self.round_id, self.queue = round_id, PlanQueue(items)
+
+    def take(self, round_id: int) -> list[PlannedEpisode]:
+        return self.queue.take() if round_id == self.round_id else []
+
+
+@dataclass
+class GroupQueue:
+    """A runner's handle on the round's queue: ``take`` asks the queue actor for the next group."""
+
+    actor: Any
+    round_id: int
+
+    def take(self) -> list[PlannedEpisode]:
+        return ray.get(self.actor.take.remote(self.round_id))
+
+
+def _group_queue(algo: Any, items: list[PlannedEpisode]) -> GroupQueue:
+    """The algorithm's queue actor (started on first use, one per Algorithm) filled with this round's groups."""
+    actor = getattr(algo, "_group_queue_actor", None)
+    if actor is None:
+        actor = algo._group_queue_actor = _GroupQueueActor.remote()
+    algo._group_queue_rounds = round_id = getattr(algo, "_group_queue_rounds", 0) + 1
+    ray.get(actor.fill.remote(round_id, items))
+    return GroupQueue(actor, round_id)
+
+
+def _play_fn(
+    share: list[PlannedEpisode],
+    explore: bool,
+    expected_seq_no: int | None,
+    per_episode: bool = False,
+    source: Any = None,
+):
+    """The function sent to a runner: play ``share`` (and the groups it takes from ``source``); never raise (see
+    the module docstring)."""
 
     def play(runner: Any) -> RunnerResult:
         result = RunnerResult(worker_index=int(runner.worker_index), pid=os.getpid())
@@ -129,7 +201,9 @@ def _play_fn(share: list[PlannedEpisode], explore: bool, expected_seq_no: int | 
             if expected_seq_no is not None and runner.weights_seq_no() != expected_seq_no:
                 result.stale = True
                 return result
-            result.episodes, result.stats = runner.sample_groups(share, explore=explore)
+            result.episodes, result.stats = runner.sample_groups(
+                share, explore=explore, per_episode=per_episode, source=source
+            )
             result.metrics = runner.get_metrics()
         except Exception:  # noqa: BLE001 - reported to the driver instead of killing the actor
             result.error = traceback.format_exc()
@@ -180,8 +254,9 @@ def _play_round(
 ) -> tuple[list[RunnerResult], int]:
     """Play ``items`` once on ``group``'s runners available now; returns the results and the failed runner calls."""
     local = group.local_env_runner
+    per_episode = algo.config.rollout_schedule == "per_episode"
     if group.num_remote_env_runners() == 0:
-        return [_play_fn(items, explore, None)(local)], 0
+        return [_play_fn(items, explore, None, per_episode)(local)], 0
     ids = sorted(group.healthy_env_runner_ids())
     if not ids and local is not None and local.has_env():
         logger.warning(
@@ -191,17 +266,23 @@ def _play_round(
             from gagpo_rllib.rllib.weight_sync import sync_local_runner
 
             sync_local_runner(group, algo.learner_group)
-        return [_play_fn(items, explore, None)(local)], 0
+        return [_play_fn(items, explore, None, per_episode)(local)], 0
     if not ids:
         ids = sorted(_wait_for_runner(algo, deadline, group))
     if not ids:
         return [], 0
     expected = local.weights_seq_no() if local is not None else None
-    shares = split_plan(items, len(ids))
-    calls = [(i, s) for i, s in zip(ids, shares, strict=True) if s]
+    if per_episode and len(ids) > 1:
+        queue = _group_queue(algo, items)
+        calls = [(i, _play_fn([], explore, expected, True, queue)) for i in ids]
+    else:
+        shares = split_plan(items, len(ids))
+        calls = [
+            (i, _play_fn(s, explore, expected, per_episode)) for i, s in zip(ids, shares, strict=True) if s
+        ]
     remaining = max(1.0, deadline - time.monotonic()) if math.isfinite(deadline) else None
     results = group.foreach_env_runner(
-        [_play_fn(share, explore, expected) for _, share in calls],
+        [fn for _, fn in calls],
         local_env_runner=False,
         remote_worker_ids=[i for i, _ in calls],
         timeout_seconds=remaining,

@@ -113,6 +113,7 @@ class GAGPOTorchLearner(ChunkedTorchLearner):
             entropy=fwd_out.get(Columns.ENTROPY),
             entropy_coeff=config.entropy_coeff,
             weights=weights,
+            behaviour_weights=batch.get(Columns.BEHAVIOUR_WEIGHT),
         )
         rows = float(((mask.sum(-1) > 0) & (weights > 0)).sum())
         means = {

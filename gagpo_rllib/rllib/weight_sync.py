@@ -58,6 +58,7 @@ __all__ = [
     "ROLLOUT_WEIGHTS_DIR",
     "PackedWeights",
     "PublishedWeights",
+    "prepare_sync",
     "SyncReport",
     "publish_weights",
     "publish_tensors",
@@ -271,6 +272,23 @@ def sync_env_runners(
     ``worker_ids``: only these remote runners (not the local one). ``force``: load the weights even where the
     runner's sequence number says it has them (a restored runner, given the local runner's number by RLlib).
     """
+    return prepare_sync(
+        group, learner_group, worker_ids=worker_ids, force=force, timeout_seconds=timeout_seconds
+    )()
+
+
+def prepare_sync(
+    group: Any,
+    learner_group: Any,
+    *,
+    worker_ids: list[int] | None = None,
+    force: bool = False,
+    timeout_seconds: float | None = None,
+) -> Callable[[], SyncReport]:
+    """``sync_env_runners`` in two halves: the learners publish their weights now; the returned function hands
+    them to the runners when called (later, e.g. once the runners finish the rollout they are playing, while the
+    learners already update). With everything in this process (no remote runners, a local learner) there is
+    nothing to publish: the local runner is given the weights now and the function only reports."""
     start = time.perf_counter()
     local = group.local_env_runner if worker_ids is None else None
     if group.num_remote_env_runners() == 0 and learner_group.is_local:
@@ -279,29 +297,39 @@ def sync_env_runners(
         nbytes, count = state_nbytes(module_state)
         if local is not None:
             local.set_state({COMPONENT_RL_MODULE: module_state, WEIGHTS_SEQ_NO: seq_no})
-        return SyncReport(nbytes, count, int(local is not None), time.perf_counter() - start)
+        report = SyncReport(nbytes, count, int(local is not None), time.perf_counter() - start)
+        return lambda: report
     published = publish_weights(learner_group)
+    publish_s = time.perf_counter() - start
     # Sequence number 0 makes a runner load the weights whatever number it holds (SingleAgentEnvRunner.set_state).
     module_state = {DEFAULT_MODULE_ID: published.weights}
     state = {COMPONENT_RL_MODULE: module_state, WEIGHTS_SEQ_NO: 0 if force else published.seq_no}
-    runners = 0
-    if group.num_remote_env_runners() > 0:
-        ids = group.healthy_env_runner_ids() if worker_ids is None else list(worker_ids)
-        if ids:
-            replies = group.foreach_env_runner(
-                lambda runner: runner.set_state(state),
-                local_env_runner=False,
-                remote_worker_ids=ids,
-                timeout_seconds=timeout_seconds,
-            )
-            runners += len(replies)
-    if local is not None:
-        if group.num_remote_env_runners() == 0 or local.has_env():
-            local.set_state(state)
-            runners += 1
-        else:
-            local.set_weights_seq_no(published.seq_no)  # the reference the remote runners are checked against
-    return SyncReport(published.nbytes, published.num_tensors, runners, time.perf_counter() - start)
+
+    def deliver() -> SyncReport:
+        start = time.perf_counter()
+        runners = 0
+        if group.num_remote_env_runners() > 0:
+            ids = group.healthy_env_runner_ids() if worker_ids is None else list(worker_ids)
+            if ids:
+                replies = group.foreach_env_runner(
+                    lambda runner: runner.set_state(state),
+                    local_env_runner=False,
+                    remote_worker_ids=ids,
+                    timeout_seconds=timeout_seconds,
+                )
+                runners += len(replies)
+        if local is not None:
+            if group.num_remote_env_runners() == 0 or local.has_env():
+                local.set_state(state)
+                runners += 1
+            else:
+                local.set_weights_seq_no(
+                    published.seq_no
+                )  # the reference the remote runners are checked against
+        seconds = publish_s + time.perf_counter() - start
+        return SyncReport(published.nbytes, published.num_tensors, runners, seconds)
+
+    return deliver
 
 
 ROLLOUT_WEIGHTS_DIR = "rollout_weights"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +14,14 @@ from transformers import PreTrainedTokenizerBase
 
 from gagpo_rllib.method.seeds import mix_seed
 
-__all__ = ["GenerationBackend", "GenerationOutput", "SamplingConfig", "Seed", "row_seeds"]
+__all__ = [
+    "GenerationBackend",
+    "GenerationOutput",
+    "GenerationRequest",
+    "SamplingConfig",
+    "Seed",
+    "row_seeds",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +80,24 @@ class GenerationOutput:
     finished: bool = True
 
 
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt submitted on its own (``GenerationBackend.submit``); ``key`` names its answer in ``collect``."""
+
+    key: Hashable
+    prompt: str
+    admissible: list[str] | None = None
+    seed: int | None = None
+
+
 class GenerationBackend(ABC):
-    """Samples one answer per prompt in ONE batched call; follows the learner's weights via update_weights."""
+    """Samples one answer per prompt; follows the learner's weights via update_weights.
+
+    Two ways in: ``generate`` (one batched call, returns when its longest answer ends) and ``submit`` /
+    ``collect`` (requests join whenever they are ready and answers come back as each ends, so a caller keeps
+    the engine busy with whatever is ready). The base ``collect`` answers everything submitted so far in one
+    ``generate`` call per sampling config; an engine with continuous batching (vLLM) overrides both.
+    """
 
     tokenizer: PreTrainedTokenizerBase
     # False when constrained behaviour log-probs cannot match the learner's trie masks exactly (then the learner
@@ -116,6 +139,41 @@ class GenerationBackend(ABC):
         ``seed``: None (the global RNG), an int (mixed with each prompt's index) or one int per prompt; see
         ``row_seeds``.
         """
+
+    def submit(self, requests: Sequence[GenerationRequest], *, sampling: SamplingConfig) -> None:
+        """Queue requests; their answers come back from ``collect``. Keys must be unique among those in flight."""
+        queued = self.__dict__.setdefault("_queued", {})
+        for request in requests:
+            if request.key in queued:
+                raise ValueError(f"submit: request key {request.key!r} is already in flight")
+            queued[request.key] = (sampling, request)
+
+    def in_flight(self) -> int:
+        """Requests submitted and not yet collected."""
+        return len(self.__dict__.get("_queued", {}))
+
+    def collect(self) -> list[tuple[Hashable, GenerationOutput]]:
+        """Answers of submitted requests, at least one while any is in flight ([] when none is).
+
+        Base: one ``generate`` call per distinct sampling config over everything queued, in submission order; a
+        row's answer depends on its own seed only (``row_seeds``), so how requests were gathered does not matter.
+        """
+        queued = self.__dict__.setdefault("_queued", {})
+        calls: dict[int, tuple[SamplingConfig, list[GenerationRequest]]] = {}
+        for sampling, request in queued.values():
+            calls.setdefault(id(sampling), (sampling, []))[1].append(request)
+        queued.clear()
+        answers = []
+        for sampling, requests in calls.values():
+            seeds = [r.seed for r in requests]
+            outs = self.generate(
+                [r.prompt for r in requests],
+                sampling=sampling,
+                admissible=[list(r.admissible or []) for r in requests] if sampling.constrained else None,
+                seed=None if any(s is None for s in seeds) else seeds,
+            )
+            answers.extend((r.key, o) for r, o in zip(requests, outs, strict=True))
+        return answers
 
     @abstractmethod
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:

@@ -83,7 +83,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 from gagpo_rllib.policy.generation.base import (
     GenerationBackend,
     GenerationOutput,
+    GenerationRequest,
     SamplingConfig,
     Seed,
     row_seeds,
@@ -415,9 +416,33 @@ class VLLMGenerationBackend(GenerationBackend):
             raise RuntimeError(
                 "the vLLM engine is asleep: call wake_up() (or update_weights) before generate"
             )
+        if self.in_flight():
+            raise RuntimeError("generate: submitted requests are still in flight; collect them first")
+        seeds = row_seeds(seed, len(prompts))
+        requests, params = self._requests(prompts, sampling, admissible, seeds)
+        # vLLM's sampler draws from torch's global RNG even for seeded requests: with every request seeded the
+        # caller's RNG is left as it was (unseeded requests sample from it, as the interface says).
+        kept = _caller_state_kept() if seeds is not None else contextlib.nullcontext()
+        with self._engine_files(), kept:
+            lora = {} if self.lora_request is None else {"lora_request": self.lora_request}
+            outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False, **lora)
+        return [
+            self._result(
+                out, requests[i]["prompt_token_ids"], sampling, admissible[i] if admissible else None
+            )
+            for i, out in enumerate(outputs)
+        ]
+
+    def _requests(
+        self,
+        prompts: list[str],
+        sampling: SamplingConfig,
+        admissible: list[list[str]] | None,
+        seeds: list[int] | None,
+    ) -> tuple[list[Any], list[Any]]:
+        """Token prompts (checked against ``max_model_len``) and one set of sampling params per prompt."""
         from vllm.inputs import TokensPrompt
 
-        seeds = row_seeds(seed, len(prompts))
         prompt_ids = [list(p) for p in self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
         for i, p in enumerate(prompt_ids):
             if not p:
@@ -442,28 +467,75 @@ class VLLMGenerationBackend(GenerationBackend):
             )
             for i in range(len(prompts))
         ]
-        requests = [TokensPrompt(prompt_token_ids=p) for p in prompt_ids]
-        # vLLM's sampler draws from torch's global RNG even for seeded requests: with every request seeded the
-        # caller's RNG is left as it was (unseeded requests sample from it, as the interface says).
-        kept = _caller_state_kept() if seeds is not None else contextlib.nullcontext()
+        return [TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params
+
+    def _result(
+        self, out: Any, prompt_ids: list[int], sampling: SamplingConfig, admissible: list[str] | None
+    ) -> GenerationOutput:
+        """One finished request as the interface's output (log-probs of the sampled tokens, decoded text)."""
+        comp = out.outputs[0]
+        ids = [int(t) for t in comp.token_ids]
+        steps = list(comp.logprobs or [])
+        if len(steps) != len(ids):
+            raise RuntimeError(
+                f"vLLM returned {len(steps)} log-probs for {len(ids)} tokens (request {out.request_id})"
+            )
+        logprobs = [float(step[tok].logprob) for tok, step in zip(ids, steps, strict=True)]
+        finished = comp.finish_reason == "stop"
+        # Decoded as the HF backend does: vLLM's own text leaves out a stop token that is not special.
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if sampling.constrained:
+            ids, logprobs, text = self._canonical(admissible, ids, logprobs, text)
+        return GenerationOutput(list(prompt_ids), ids, logprobs, text, finished)
+
+    # ------------------------------------------------------------------------------ per-request generation
+    def submit(self, requests: Sequence[GenerationRequest], *, sampling: SamplingConfig) -> None:
+        """Add requests to the running engine at once (continuous batching): they join the decode batch at its
+        next step, beside the requests already running; ``collect`` steps the engine."""
+        if not requests:
+            return
+        check_temperature(sampling.temperature, "sampling.temperature")
+        if self.sleep_level is not None:
+            raise RuntimeError("the vLLM engine is asleep: call wake_up() (or update_weights) before submit")
+        prompts = [r.prompt for r in requests]
+        admissible = [list(r.admissible or []) for r in requests] if sampling.constrained else None
+        self.check_admissible(prompts, sampling, admissible)
+        seeds = [r.seed for r in requests]
+        tokens, params = self._requests(prompts, sampling, admissible, None if None in seeds else seeds)
+        flight = self.__dict__.setdefault("_flight", {})
+        lora = {} if self.lora_request is None else {"lora_request": self.lora_request}
+        with self._engine_files():
+            for i, request in enumerate(requests):
+                if any(entry[0] == request.key for entry in flight.values()):
+                    raise ValueError(f"submit: request key {request.key!r} is already in flight")
+                self._request_counter = getattr(self, "_request_counter", 0) + 1
+                rid = f"gagpo-{self._request_counter}"
+                flight[rid] = (
+                    request.key,
+                    tokens[i]["prompt_token_ids"],
+                    sampling,
+                    request.admissible,
+                    seeds[i],
+                )
+                self.llm.llm_engine.add_request(rid, tokens[i], params[i], **lora)
+
+    def in_flight(self) -> int:
+        return len(self.__dict__.get("_flight", {}))
+
+    def collect(self) -> list[tuple[Hashable, GenerationOutput]]:
+        """Step the engine until at least one submitted request ends; return those that ended."""
+        flight = self.__dict__.setdefault("_flight", {})
+        answers: list[tuple[Hashable, GenerationOutput]] = []
+        seeded = all(entry[4] is not None for entry in flight.values())
+        kept = _caller_state_kept() if seeded else contextlib.nullcontext()
         with self._engine_files(), kept:
-            lora = {} if self.lora_request is None else {"lora_request": self.lora_request}
-            outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False, **lora)
-        results = []
-        for i, out in enumerate(outputs):
-            comp = out.outputs[0]
-            ids = [int(t) for t in comp.token_ids]
-            steps = list(comp.logprobs or [])
-            if len(steps) != len(ids):
-                raise RuntimeError(f"vLLM returned {len(steps)} log-probs for {len(ids)} tokens (prompt {i})")
-            logprobs = [float(step[tok].logprob) for tok, step in zip(ids, steps, strict=True)]
-            finished = comp.finish_reason == "stop"
-            # Decoded as the HF backend does: vLLM's own text leaves out a stop token that is not special.
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            if sampling.constrained:
-                ids, logprobs, text = self._canonical(admissible[i], ids, logprobs, text)
-            results.append(GenerationOutput(prompt_ids[i], ids, logprobs, text, finished))
-        return results
+            while flight and not answers:
+                for out in self.llm.llm_engine.step():
+                    if not out.finished or out.request_id not in flight:
+                        continue
+                    key, prompt_ids, sampling, admissible, _ = flight.pop(out.request_id)
+                    answers.append((key, self._result(out, prompt_ids, sampling, admissible)))
+        return answers
 
     def _canonical(
         self, admissible: list[str], ids: list[int], logprobs: list[float], text: str

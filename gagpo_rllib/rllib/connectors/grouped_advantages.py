@@ -40,6 +40,7 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 from envs import protocol
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages, grouping_diagnostics
+from gagpo_rllib.method.loss import behaviour_weights
 from gagpo_rllib.method.similarity import anchor_keys
 from gagpo_rllib.policy.generation.constraints import allowed_token_masks
 from gagpo_rllib.rllib.connectors.env_to_module import single_module
@@ -236,6 +237,7 @@ class GroupedAdvantages(ConnectorV2):
         constrained: bool = False,
         recompute_old_logprobs: bool = False,
         similarity_threshold: float | None = None,
+        behaviour_weight_cap: float | None = None,
         **kwargs,
     ):
         super().__init__(input_observation_space, input_action_space, **kwargs)
@@ -245,6 +247,12 @@ class GroupedAdvantages(ConnectorV2):
         self.skip_uniform_groups = bool(skip_uniform_groups)
         self.constrained = bool(constrained)
         self.recompute_old_logprobs = bool(recompute_old_logprobs)
+        # Not None (rollouts overlapped with the update): weight each step by min(pi_prox / pi_behav, cap).
+        self.behaviour_weight_cap = behaviour_weight_cap
+        if behaviour_weight_cap is not None and not self.recompute_old_logprobs:
+            raise ValueError(
+                "behaviour_weight_cap needs recompute_old_logprobs (the proximal policy's log-probs)"
+            )
         # None: exact state keys; else near-identical state texts of a group share an anchor (similarity.py).
         self.similarity_threshold = similarity_threshold
 
@@ -313,7 +321,7 @@ class GroupedAdvantages(ConnectorV2):
                 metrics.log_value(
                     ("gagpo", "old_logp_rollout_max_dev"), _max_abs_dev(old_logp, recomputed), reduce="max"
                 )
-            old_logp = recomputed
+            behaviour, old_logp = old_logp, recomputed
         p_width = max((len(p) for p in prompts), default=0)
         a_width = max((len(a) for a in actions), default=0)
         data = {
@@ -325,6 +333,21 @@ class GroupedAdvantages(ConnectorV2):
             Columns.ADVANTAGES: torch.as_tensor(adv[idx], dtype=torch.float32),
             Columns.INVALID: torch.as_tensor(rows.invalid[idx], dtype=torch.float32),
         }
+        if self.behaviour_weight_cap is not None:
+            weights, unusable = behaviour_weights(old_logp, behaviour, self.behaviour_weight_cap)
+            data[Columns.BEHAVIOUR_WEIGHT] = torch.as_tensor(weights, dtype=torch.float32)
+            if metrics is not None and len(weights):
+                for name, value in (
+                    ("behaviour_weight_mean", float(weights.mean())),
+                    ("behaviour_weight_min", float(weights.min())),
+                    ("behaviour_weight_max", float(weights.max())),
+                    (
+                        "behaviour_weight_truncated_share",
+                        float(np.mean(weights >= self.behaviour_weight_cap)),
+                    ),
+                    ("behaviour_weight_unusable", float(unusable)),
+                ):
+                    metrics.log_value(("gagpo", name), value, window=1)
         if reference:
             data[Columns.REF_LOGP] = _pad(
                 passed.get(Columns.REF_LOGP, []), a_width, 0.0, torch.float32, left=False

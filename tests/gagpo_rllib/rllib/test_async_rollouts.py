@@ -1,0 +1,83 @@
+"""Per-episode rollouts, the group queue and rollouts overlapped with the update (``max_staleness``).
+
+Per-episode generation with a queue of whole groups over two remote EnvRunners plays the same episodes as the
+lock-step schedule with contiguous shares and ends on bit-identical weights (the HF backend: a row's answer depends
+on its own seed only, and its batches are the lock-step ones). With ``max_staleness=1`` every update but the first
+trains on episodes of the weights one update old; its first minibatch's ratio against the proximal policy (the
+recomputed log-probs) is 1 within 1e-6, and the behaviour weights move away from 1 once the policy has changed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+
+from gagpo_rllib.rllib.rllib_internals import local_learner
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _weights(algo) -> dict[str, torch.Tensor]:
+    module = local_learner(algo.learner_group).module[DEFAULT_MODULE_ID].unwrapped()
+    return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+
+def _train(config, iterations: int) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    algo = config.build_algo()
+    try:
+        results = [algo.train() for _ in range(iterations)]
+        return results, _weights(algo)
+    finally:
+        algo.stop()
+
+
+def _config(tiny_maze_config, **fields):
+    config = tiny_maze_config(
+        groups_per_iteration=4, constrained_decoding=False, temperature=1.0, envs_per_runner=2, **fields
+    )
+    return config.env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
+
+
+def test_per_episode_rollouts_from_a_group_queue_end_on_the_lockstep_weights(
+    ray_cluster, tiny_maze_config
+) -> None:
+    lockstep, want = _train(_config(tiny_maze_config, rollout_schedule="lockstep"), 3)
+    per_episode, got = _train(_config(tiny_maze_config, rollout_schedule="per_episode"), 3)
+    for a, b in zip(lockstep, per_episode, strict=True):
+        for name in ("episode_return_mean", "episode_len_mean", "generated_tokens", "num_episodes"):
+            assert a["gagpo"][name] == b["gagpo"][name], name
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+
+
+def test_staleness_one_trains_on_the_previous_weights_at_ratio_one_against_the_proximal_policy(
+    ray_cluster, tiny_maze_config
+) -> None:
+    config = _config(tiny_maze_config, max_staleness=1)
+    results, overlapped = _train(config, 4)
+    staleness = [r["gagpo"]["staleness"] for r in results]
+    assert staleness == [0.0, 1.0, 1.0, 1.0]
+    devs = [r["learners"][DEFAULT_MODULE_ID]["first_minibatch_ratio_max_dev"] for r in results]
+    assert max(devs) < 1e-6, devs
+    weights = [r["learners"]["gagpo"] for r in results]
+    # Iteration 0 is on-policy: pi_prox = pi_behav up to the rounding of another batch.
+    assert (
+        max(abs(weights[0]["behaviour_weight_min"] - 1), abs(weights[0]["behaviour_weight_max"] - 1)) < 1e-5
+    )
+    assert all(
+        max(abs(w["behaviour_weight_min"] - 1), abs(w["behaviour_weight_max"] - 1)) > 1e-3
+        for w in weights[1:]
+    )
+    assert all(w["behaviour_weight_max"] <= config.behaviour_weight_cap for w in weights)
+    # The local runner plays the same jobs inline, in the same order: the same episodes, the same weights.
+    _, inline = _train(config.copy(copy_frozen=False).env_runners(num_env_runners=0), 4)
+    for name, value in overlapped.items():
+        assert torch.equal(inline[name], value), name
