@@ -178,7 +178,12 @@ class GAGPOEnvRunner(RunnerInternals):
         """
         rollout = _Rollout(self, plan, gen_seed, source)
         if per_episode:
-            self._play_per_episode(rollout, explore)
+            try:
+                self._play_per_episode(rollout, explore)
+            finally:  # a call that stopped early leaves no request behind for the next one
+                dropped = self.module.backend.abort()
+                if dropped:
+                    logger.warning("dropped %d generation request(s) of an unfinished rollout", dropped)
         else:
             self._play_lockstep(rollout, explore)
         self.count_sampled(rollout.done, rollout.stats.env_steps)

@@ -250,11 +250,11 @@ def ask_env_runner(
 
 
 def _play_round(
-    algo: Any, group: Any, items: list[PlannedEpisode], explore: bool, deadline: float
+    algo: Any, group: Any, items: list[PlannedEpisode], explore: bool, deadline: float, schedule: str
 ) -> tuple[list[RunnerResult], int]:
     """Play ``items`` once on ``group``'s runners available now; returns the results and the failed runner calls."""
     local = group.local_env_runner
-    per_episode = algo.config.rollout_schedule == "per_episode"
+    per_episode = schedule == "per_episode"
     if group.num_remote_env_runners() == 0:
         return [_play_fn(items, explore, None, per_episode)(local)], 0
     ids = sorted(group.healthy_env_runner_ids())
@@ -310,18 +310,21 @@ def sample_whole_groups(
     timeout_s: float | None = None,
     env_runner_group: Any = None,
     seed: int | None = None,
+    schedule: str | None = None,
 ) -> GroupSample:
     """Play ``plan`` on ``algo``'s EnvRunners until every group is whole or the attempts / deadline run out.
 
     ``max_attempts`` and ``timeout_s`` default to the config's ``max_group_attempts`` and
     ``group_sampling_timeout_s``. ``env_runner_group``: the runners that play (default the training ones; validation
     passes the evaluation ones). ``seed``: the base of the generation seeds (``plans.episode_gen_seed``; default
-    the config's seed). Raises ``GroupSamplingError`` only when nothing but failures came back (see the module
+    the config's seed). ``schedule``: "per_episode" or "lockstep" (default the config's ``rollout_schedule``).
+    Raises ``GroupSamplingError`` only when nothing but failures came back (see the module
     docstring).
     """
     cfg = algo.config
     group = env_runner_group if env_runner_group is not None else algo.env_runner_group
     seed = int(seed if seed is not None else cfg.seed or 0)
+    schedule = schedule if schedule is not None else cfg.rollout_schedule
     max_attempts = int(max_attempts if max_attempts is not None else cfg.max_group_attempts)
     timeout_s = timeout_s if timeout_s is not None else cfg.group_sampling_timeout_s
     deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
@@ -351,7 +354,7 @@ def sample_whole_groups(
                 len(items),
                 len({p.group_id for p in items}),
             )
-        results, failures = _play_round(algo, group, items, explore, deadline)
+        results, failures = _play_round(algo, group, items, explore, deadline, schedule)
         runner_failures += failures
         attempt += 1
         for result in results:

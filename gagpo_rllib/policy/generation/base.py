@@ -143,14 +143,23 @@ class GenerationBackend(ABC):
     def submit(self, requests: Sequence[GenerationRequest], *, sampling: SamplingConfig) -> None:
         """Queue requests; their answers come back from ``collect``. Keys must be unique among those in flight."""
         queued = self.__dict__.setdefault("_queued", {})
+        keys = [r.key for r in requests]
+        for i, key in enumerate(keys):
+            if key in queued or key in keys[:i]:
+                raise ValueError(f"submit: request key {key!r} is already in flight")
         for request in requests:
-            if request.key in queued:
-                raise ValueError(f"submit: request key {request.key!r} is already in flight")
             queued[request.key] = (sampling, request)
 
     def in_flight(self) -> int:
         """Requests submitted and not yet collected."""
         return len(self.__dict__.get("_queued", {}))
+
+    def abort(self) -> int:
+        """Drop every request in flight (a caller that stops early); returns how many were dropped."""
+        queued = self.__dict__.setdefault("_queued", {})
+        dropped = len(queued)
+        queued.clear()
+        return dropped
 
     def collect(self) -> list[tuple[Hashable, GenerationOutput]]:
         """Answers of submitted requests, at least one while any is in flight ([] when none is).

@@ -504,12 +504,16 @@ class VLLMGenerationBackend(GenerationBackend):
         tokens, params = self._requests(prompts, sampling, admissible, None if None in seeds else seeds)
         flight = self.__dict__.setdefault("_flight", {})
         lora = {} if self.lora_request is None else {"lora_request": self.lora_request}
+        taken = {entry[0] for entry in flight.values()}
+        for request in requests:
+            if request.key in taken:
+                raise ValueError(f"submit: request key {request.key!r} is already in flight")
+            taken.add(request.key)
         with self._engine_files():
             for i, request in enumerate(requests):
-                if any(entry[0] == request.key for entry in flight.values()):
-                    raise ValueError(f"submit: request key {request.key!r} is already in flight")
                 self._request_counter = getattr(self, "_request_counter", 0) + 1
                 rid = f"gagpo-{self._request_counter}"
+                self.llm.llm_engine.add_request(rid, tokens[i], params[i], **lora)
                 flight[rid] = (
                     request.key,
                     tokens[i]["prompt_token_ids"],
@@ -517,10 +521,17 @@ class VLLMGenerationBackend(GenerationBackend):
                     request.admissible,
                     seeds[i],
                 )
-                self.llm.llm_engine.add_request(rid, tokens[i], params[i], **lora)
 
     def in_flight(self) -> int:
         return len(self.__dict__.get("_flight", {}))
+
+    def abort(self) -> int:
+        flight = self.__dict__.setdefault("_flight", {})
+        dropped = list(flight)
+        if dropped:
+            self.llm.llm_engine.abort_request(dropped)
+        flight.clear()
+        return len(dropped)
 
     def collect(self) -> list[tuple[Hashable, GenerationOutput]]:
         """Step the engine until at least one submitted request ends; return those that ended."""

@@ -28,6 +28,9 @@ It runs the tiny Hugging Face policy on CPU and reproduces vLLM 0.33's *observab
   log-prob; ``finish_reason`` is "stop" or "length", ``stop_reason`` the stop id when it came from
   ``stop_token_ids`` (None for the end token). ``StructuredOutputsParams(choice=...)`` allows every tokenisation
   of each choice and then only end tokens, like vLLM's grammar.
+- ``llm_engine``: ``add_request(request_id, prompt, params, lora_request=None)``, ``step()`` (finishes the oldest
+  waiting request and returns it as a finished ``RequestOutput``), ``has_unfinished_requests()``,
+  ``get_num_unfinished_requests()``, ``abort_request(request_ids)``; the per-request path of the backend.
 - a prefix cache: a prompt seen before reuses the KV cache computed then, with the weights of then, until
   ``reset_prefix_cache()``; ``sleep(level)`` / ``wake_up(tags)`` (level 1 keeps the weights in host memory, level 2
   drops them; generating while asleep raises).
@@ -210,6 +213,7 @@ class LLM:
         self._host_weights: dict[str, torch.Tensor] | None = None
         self._unseeded = torch.Generator().manual_seed(int(seed))
         self._pieces: dict[str, list[int]] | None = None
+        self.llm_engine = LLMEngine(self)
         params = inspect.signature(hf.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         if not self.multiprocess:
@@ -407,6 +411,45 @@ class LLM:
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Test hook (not vLLM API): the engine's current weights by Hugging Face name."""
         yield from self.worker.model.state_dict().items()
+
+
+class LLMEngine:
+    """``LLM.llm_engine`` as the backend's per-request path uses it: requests wait in arrival order and each
+    ``step`` finishes the oldest one (the stand-in samples one request at a time)."""
+
+    def __init__(self, llm: LLM) -> None:
+        self._llm = llm
+        self._waiting: dict[str, tuple[TokensPrompt, SamplingParams]] = {}
+
+    def add_request(
+        self, request_id: str, prompt: TokensPrompt, params: SamplingParams, lora_request: Any = None
+    ) -> str:
+        if request_id in self._waiting:
+            raise ValueError(f"request id {request_id} already running")
+        if lora_request is not None:
+            raise NotImplementedError("the stand-in has no LoRA")
+        self._llm.events.append(("add_request", request_id))
+        self._waiting[request_id] = (prompt, params)
+        return request_id
+
+    def step(self) -> list[RequestOutput]:
+        if self._llm.sleeping_level is not None:
+            raise TimeoutError("vLLM would wait forever here: step on a sleeping engine (scheduler paused)")
+        if not self._waiting:
+            return []
+        request_id = next(iter(self._waiting))
+        prompt, params = self._waiting.pop(request_id)
+        return [self._llm._one(request_id, prompt, params)]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._waiting)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._waiting)
+
+    def abort_request(self, request_ids: list[str], internal: bool = False) -> None:
+        for request_id in request_ids:
+            self._waiting.pop(request_id, None)
 
 
 def _kv(out: Any) -> Any:

@@ -35,7 +35,9 @@ def test_least_recently_used_rows_are_evicted_and_zero_keeps_nothing() -> None:
 
 def test_state_round_trip_keeps_values_order_and_counters() -> None:
     cache = ReferenceLogprobCache(max_rows=3)
-    cache.put([b"a", b"b", b"c"], torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.0], [0.6, 0.0, 0.0]]), [3, 2, 1])
+    cache.put(
+        [b"a", b"b", b"c"], torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.0], [0.6, 0.0, 0.0]]), [3, 2, 1]
+    )
     cache.missing([b"a", b"z"])
     cache.gather([b"a"], 3)  # a is now the most recently used
     restored = ReferenceLogprobCache(max_rows=3)

@@ -57,7 +57,9 @@ def test_unpacked_tensors_equal_the_cast_inputs_bit_for_bit(
     out = {}
     pool = ThreadPoolExecutor(threads) if threads else None
     try:
-        staging = torch.full((4096,), 255, dtype=torch.uint8)  # reused and dirty: each tensor byte is overwritten
+        staging = torch.full(
+            (4096,), 255, dtype=torch.uint8
+        )  # reused and dirty: each tensor byte is overwritten
         for slots in buckets:
             buffer = pack(slots, inputs, pool, out=staging if bucket_size(slots) <= 4096 else None)
             # As a reader sees it: a read-only array mapped from shared memory.

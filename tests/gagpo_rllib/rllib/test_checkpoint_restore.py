@@ -97,7 +97,9 @@ def test_a_checkpoint_holds_the_rollout_weights_as_safetensors(
 
     from gagpo_rllib.rllib import weight_sync
 
-    config = make_config(tiny_policy_path, num_env_runners=0, group_size=2, groups_per_iteration=2, dtype="bfloat16")
+    config = make_config(
+        tiny_policy_path, num_env_runners=0, group_size=2, groups_per_iteration=2, dtype="bfloat16"
+    )
     algo = config.build_algo()
     try:
         algo.train()
@@ -109,7 +111,9 @@ def test_a_checkpoint_holds_the_rollout_weights_as_safetensors(
         algo.stop()
     (single,) = (tmp_path / "one" / "rollout_weights").glob("*.safetensors")
     one = load_file(single)
-    index = json.loads((tmp_path / "sharded" / "rollout_weights" / "model.safetensors.index.json").read_text())
+    index = json.loads(
+        (tmp_path / "sharded" / "rollout_weights" / "model.safetensors.index.json").read_text()
+    )
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 2
     sharded: dict[str, torch.Tensor] = {}

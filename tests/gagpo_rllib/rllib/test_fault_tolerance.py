@@ -21,7 +21,7 @@ import ray.cloudpickle
 import tests.gagpo_rllib.faulty_env as faulty_env
 import tests.gagpo_rllib.toy_env as toy_env
 from gagpo_rllib.rllib.algorithm import GAGPO
-from gagpo_rllib.rllib.group_sampling import GroupSample
+from gagpo_rllib.rllib.group_sampling import GroupSample, sample_whole_groups
 from gagpo_rllib.rllib.plans import task_plan
 from tests.gagpo_rllib.advantage_check import assert_connector_advantages_are_the_engines
 from tests.gagpo_rllib.faulty_env import FaultyCorridorEnv, set_runner_faults
@@ -102,13 +102,22 @@ def kill_when_sampling(pid: int, marker: Path, timeout_s: float = 60.0) -> threa
     return thread
 
 
-def test_split_group_pools_both_runners_members_in_its_advantages(algo: GAGPO) -> None:
-    plan = algo.iteration_plan(0)
-    sample = algo.sample_whole_groups(plan, 0)
-    assert len(sample.episodes) == N * K and sample.groups_complete == N and sample.runner_failures == 0
+def _runners_of(sample) -> dict[int, set[int]]:
     runners_of = defaultdict(set)
     for ep in sample.episodes:
         runners_of[ep.custom_data["group_id"]].add(ep.custom_data["worker_index"])
+    return runners_of
+
+
+def test_split_group_pools_both_runners_members_in_its_advantages(algo: GAGPO) -> None:
+    """Lock-step shares are contiguous, so a group may span runners; the queue of the per-episode schedule hands
+    out whole groups."""
+    plan = algo.iteration_plan(0)
+    queued = algo.sample_whole_groups(plan, 0)
+    assert queued.groups_complete == N and all(len(r) == 1 for r in _runners_of(queued).values())
+    sample = sample_whole_groups(algo, plan, 0, schedule="lockstep")
+    assert len(sample.episodes) == N * K and sample.groups_complete == N and sample.runner_failures == 0
+    runners_of = _runners_of(sample)
     split = [g for g, r in runners_of.items() if r == {1, 2}]
     assert split == [plan[K].group_id]  # group 1: member 0 on runner 1, member 1 on runner 2
     split_members = [ep for ep in sample.episodes if ep.custom_data["group_id"] == split[0]]

@@ -34,7 +34,13 @@ def ray_cluster(engine_log):
     # Remote EnvRunners import the stand-in too, and log each engine they build with their process id.
     path = os.pathsep.join([str(FAKES), str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {"PYTHONPATH": path, ENGINE_LOG_ENV: str(engine_log)}
-    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    ray.init(
+        address="local",
+        num_cpus=3,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": env},
+    )
     yield
     ray.shutdown()
 

@@ -302,3 +302,39 @@ def test_a_batch_larger_than_one_prefill_step_samples_with_seeds(
     assert total > 2 * max(MAX_MODEL_LEN, 2048)
     outs = engine.generate(prompts, sampling=SamplingConfig(max_new_tokens=4), seed=list(range(12)))
     assert _max_diff([o.logprobs for o in outs], _learner_logprobs(model, outs, tok, 1.0)) < 1e-4
+
+
+def test_requests_submitted_one_by_one_answer_as_the_batched_call(
+    engine: VLLMGenerationBackend, tied_path: Path
+) -> None:
+    """Per-episode generation: requests join the running engine at different steps and come back as each ends;
+    each answer is the one its seed draws in a batched ``generate`` (same tokens; log-probs equal up to the
+    engine's float32 kernels on another batch), and each equals the learner's own log-probs."""
+    from gagpo_rllib.policy.generation.base import GenerationRequest
+
+    tok = engine.tokenizer
+    prompts = _prompts(tok)
+    cfg = SamplingConfig(temperature=1.0, max_new_tokens=24)
+    seeds = [101, 102, 103, 104]
+    batched = engine.generate(prompts, sampling=cfg, seed=seeds)
+    requests = [
+        GenerationRequest(key=i, prompt=p, seed=s)
+        for i, (p, s) in enumerate(zip(prompts, seeds, strict=True))
+    ]
+    engine.submit(requests[:2], sampling=cfg)
+    answers = dict(engine.collect())  # at least one ended; the others keep decoding beside the next request
+    assert answers and engine.in_flight() == 2 - len(answers)
+    engine.submit(requests[2:], sampling=cfg)
+    while engine.in_flight():
+        answers.update(engine.collect())
+    assert engine.collect() == [] and sorted(answers) == [0, 1, 2, 3]
+    assert [answers[i].action_ids for i in range(4)] == [b.action_ids for b in batched]
+    got = [answers[i].logprobs for i in range(4)]
+    assert _max_diff(got, [b.logprobs for b in batched]) < 1e-4
+    model, _ = load_policy(tied_path, dtype=torch.float32)
+    outs = [answers[i] for i in range(4)]
+    assert _max_diff(got, _learner_logprobs(model, outs, tok, cfg.temperature)) < 1e-4
+    with pytest.raises(ValueError, match="already in flight"):
+        engine.submit([requests[0], requests[0]], sampling=cfg)
+    while engine.in_flight():
+        engine.collect()
