@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gagpo_rllib.method.loss import gagpo_policy_loss
+from gagpo_rllib.method.loss import behaviour_weights, gagpo_policy_loss
 
 
 def _inputs():
@@ -109,3 +109,28 @@ def test_bad_shapes_name_the_argument() -> None:
         gagpo_policy_loss(logp, old[:, :2], ref, adv, mask)
     with pytest.raises(ValueError, match="ref_logp"):
         gagpo_policy_loss(logp, old, None, adv, mask, kl_coeff=0.1)
+
+
+def test_behaviour_weights_are_the_truncated_length_normalised_ratio() -> None:
+    proximal = [[-1.0, -2.0], [-0.5], [-0.1, -0.1, -0.1], [float("nan")], []]
+    behaviour = [[-1.2, -2.4], [-3.0], [-0.1, -0.1, -0.1], [-1.0], []]
+    weights, unusable = behaviour_weights(proximal, behaviour, cap=5.0)
+    assert weights[0] == pytest.approx(math.exp((0.2 + 0.4) / 2))
+    assert weights[1] == 5.0  # exp(2.5) truncated at the cap
+    assert weights[2] == 1.0 and weights[4] == 1.0  # on-policy, and a step without tokens
+    assert weights[3] == 1.0 and unusable == 1  # a NaN behaviour log-prob: counted, treated as on-policy
+    with pytest.raises(ValueError, match="behaviour"):
+        behaviour_weights([[-1.0]], [[-1.0, -2.0]], cap=5.0)
+
+
+def test_behaviour_weights_scale_each_steps_clipped_surrogate() -> None:
+    logp, old, ref, adv, mask = _inputs()
+    plain, _ = gagpo_policy_loss(logp, old, None, adv, mask, kl_coeff=0.0)
+    (g_plain,) = torch.autograd.grad(plain, logp)
+    u = torch.tensor([2.0, 0.5])
+    weighted, stats = gagpo_policy_loss(logp, old, None, adv, mask, kl_coeff=0.0, behaviour_weights=u)
+    (g_weighted,) = torch.autograd.grad(weighted, logp)
+    assert torch.allclose(g_weighted, g_plain * u[:, None])
+    assert stats["ratio_max"] == gagpo_policy_loss(logp, old, None, adv, mask, kl_coeff=0.0)[1]["ratio_max"]
+    with pytest.raises(ValueError, match="behaviour_weights"):
+        gagpo_policy_loss(logp, old, None, adv, mask, kl_coeff=0.0, behaviour_weights=torch.ones(3))

@@ -55,12 +55,30 @@ def _valid() -> GAGPOConfig:
         ("learner_sharding", "zero3"),
         ("gradient_checkpointing", "on"),
         ("pure_low_precision", 1),
+        ("rollout_schedule", "async"),
+        ("max_staleness", -1),
+        ("max_staleness", 1.0),
+        ("behaviour_weight_cap", 0.5),
     ],
 )
 def test_bad_values_name_the_field(field: str, value) -> None:
     config = configure(_valid(), **{field: value})
     with pytest.raises(ValueError, match=rf"GAGPOConfig\.{field}\b"):
         config.validate_gagpo()
+
+
+def test_staleness_needs_the_proximal_log_probs_and_engines_that_stay_awake() -> None:
+    assert _valid().training(max_staleness=1).uses_recomputed_old_logprobs
+    assert not _valid().uses_recomputed_old_logprobs
+    with pytest.raises(ValueError, match="GAGPOConfig.recompute_old_logprobs"):
+        _valid().training(max_staleness=1, recompute_old_logprobs=False).validate_gagpo()
+    with pytest.raises(ValueError, match="GAGPOConfig.max_staleness"):
+        configure(_valid(), max_staleness=1, sleep_engines_during_update=True).validate_gagpo()
+    assert _valid().grouped_advantages().behaviour_weight_cap is None
+    assert (
+        _valid().training(max_staleness=2, behaviour_weight_cap=3).grouped_advantages().behaviour_weight_cap
+        == 3
+    )
 
 
 def test_gigpo_needs_a_centring_norm() -> None:

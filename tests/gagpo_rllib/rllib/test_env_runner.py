@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner, PlannedEpisode, episode_env_error
+from gagpo_rllib.rllib.group_sampling import PlanQueue, whole_groups
 from tests.gagpo_rllib.faulty_env import FaultyCorridorEnv, set_runner_faults
 from tests.gagpo_rllib.toy_env import make_config
 
@@ -58,6 +59,38 @@ def test_same_seed_same_episodes(runner: GAGPOEnvRunner) -> None:
     assert actions(a) == actions(b)
 
 
+def _played(episodes: list) -> list:
+    return sorted(
+        (
+            e.custom_data["group_id"],
+            e.custom_data["member"],
+            tuple(e.get_actions()),
+            tuple(e.get_rewards()),
+            tuple(tuple(x) for x in e.get_extra_model_outputs("action_logp")),
+        )
+        for e in episodes
+    )
+
+
+def test_per_episode_generation_plays_the_lockstep_episodes(runner: GAGPOEnvRunner) -> None:
+    """Episodes ask for answers as their own env steps return (env steps on a thread pool): the same episodes,
+    log-probs included, as one batched call per turn."""
+    plan = _plan(3, 3)
+    lockstep, _ = runner.sample_groups(plan, gen_seed=5)
+    per_episode, stats = runner.sample_groups(plan, gen_seed=5, per_episode=True)
+    assert _played(per_episode) == _played(lockstep)
+    assert stats.env_steps == sum(len(e) for e in per_episode) and stats.generate_calls > 0
+    assert runner.module.backend.in_flight() == 0
+
+
+def test_a_runner_takes_whole_groups_from_a_source_until_it_is_empty(runner: GAGPOEnvRunner) -> None:
+    plan = _plan(4, 2)
+    source = PlanQueue(plan[2:])
+    episodes, _ = runner.sample_groups(plan[:2], gen_seed=5, per_episode=True, source=source)
+    assert source.take() == [] and _played(episodes) == _played(runner.sample_groups(plan, gen_seed=5)[0])
+    assert [[p.group_id for p in g] for g in whole_groups(plan)] == [[10, 10], [11, 11], [12, 12], [13, 13]]
+
+
 def test_rllib_sample_loop_still_works(runner: GAGPOEnvRunner) -> None:
     """RLlib's own sample() (as used by evaluation workers) runs through the same connectors."""
     episodes = runner.sample(num_episodes=3, explore=False)
@@ -81,13 +114,14 @@ def faulty_runner(tiny_policy_path: Path) -> GAGPOEnvRunner:
     return GAGPOEnvRunner(config=config)
 
 
+@pytest.mark.parametrize("per_episode", [False, True])
 def test_step_error_ends_that_episode_truncated_and_the_others_play_on(
-    faulty_runner: GAGPOEnvRunner, caplog: pytest.LogCaptureFixture
+    faulty_runner: GAGPOEnvRunner, caplog: pytest.LogCaptureFixture, per_episode: bool
 ) -> None:
     set_runner_faults(faulty_runner, fail_step_task=1)
     plan = _plan(3, 2)  # tasks 0, 1, 2
     with caplog.at_level(logging.WARNING, logger="gagpo_rllib.rllib.env_runner"):
-        episodes, stats = faulty_runner.sample_groups(plan, gen_seed=0)
+        episodes, stats = faulty_runner.sample_groups(plan, gen_seed=0, per_episode=per_episode)
     set_runner_faults(faulty_runner)
     assert len(episodes) == 6 and all(e.is_done for e in episodes)
     failed = [e for e in episodes if episode_env_error(e) is not None]
