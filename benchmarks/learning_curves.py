@@ -83,6 +83,11 @@ LORA_VARIANTS = {
 PRECISION_VARIANTS = {
     "gagpo-bf16": ("gagpo", {"dtype": "bfloat16"}),
 }
+# Rollouts overlapped with the update (not part of the protocol): episodes of the weights one update old, the
+# decoupled objective (GAGPOConfig.training(max_staleness=1)).
+STALENESS_VARIANTS = {
+    "gagpo-stale1": ("gagpo", {"max_staleness": 1}),
+}
 # Dynamic sampling (GAGPOConfig.dynamic_sampling) on top of an estimator; these runs spend the same budget counted
 # in sampled episodes (iterations x 8 x 8), so they run fewer iterations (see ``episode_curve``).
 DYNAMIC = {
@@ -109,7 +114,7 @@ HARD_POLICY_DIR = Path(
 
 def variants() -> tuple[str, ...]:
     """Every selectable run name: the estimators, then the GAGPO ablations."""
-    return (*ESTIMATORS, *ABLATIONS, *LORA_VARIANTS, *PRECISION_VARIANTS)
+    return (*ESTIMATORS, *ABLATIONS, *LORA_VARIANTS, *PRECISION_VARIANTS, *STALENESS_VARIANTS)
 
 
 def no_state_grouping(info: dict, episode: object = None) -> str:
@@ -130,7 +135,8 @@ def hard_policy() -> Path:
 def make_run_config(variant: str, seed: int, task: str):
     """The embedded default with the variant's estimator and overrides, on the task's env and policy."""
     example = runpy.run_path(str(ROOT / "tuned_examples" / "gagpo_builtin.py"), run_name="learning_curves")
-    estimator, overrides = {**ABLATIONS, **LORA_VARIANTS, **PRECISION_VARIANTS}.get(variant, (variant, {}))
+    named = {**ABLATIONS, **LORA_VARIANTS, **PRECISION_VARIANTS, **STALENESS_VARIANTS}
+    estimator, overrides = named.get(variant, (variant, {}))
     overrides = dict(overrides)
     config = example["make_config"](estimator=estimator, seed=seed, num_env_runners=0)
     if TASKS[task]:

@@ -134,7 +134,13 @@ class GAGPO(Algorithm):
             route_learner_syncs(self.env_runner_group, self.learner_group)
             evaluation = getattr(self, "eval_env_runner_group", None)
             if evaluation is not None and evaluation is not self.env_runner_group:
-                route_learner_syncs(evaluation, self.learner_group)
+                # A validation playing in the background keeps its weights; the next one gets the newest.
+                route_learner_syncs(evaluation, self.learner_group, skip=self.validation_busy)
+
+    def validation_busy(self) -> bool:
+        """Whether a background validation is playing on the evaluation runners (``evaluation.BackgroundValidation``)."""
+        job = getattr(self, "background_validation", None)
+        return job is not None and job.busy()
 
     def restore_env_runners(self, env_runner_group) -> list[int]:
         """RLlib's restore, which syncs restored runners from the local runner; that one holds no weights when
@@ -250,11 +256,18 @@ class GAGPO(Algorithm):
         if getattr(self, "_pipeline", None) is not None:
             self._pipeline.close()
             self._pipeline = None
+        if getattr(self, "background_validation", None) is not None:
+            self.background_validation.close()
+            self.background_validation = None
         super().stop()
 
     def training_step(self) -> None:
         cfg: GAGPOConfig = self.config
         iteration = self.iteration
+        if (
+            getattr(self, "background_validation", None) is not None
+        ):  # a validation that ended beside training
+            self.background_validation.report(self)
         updates = getattr(self, "_updates", 0)  # updates in the learners' weights now
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             if cfg.max_staleness == 0:

@@ -53,6 +53,8 @@ __all__ = [
     "evaluation_plan",
     "is_checkpoint",
     "summarise",
+    "BackgroundValidation",
+    "report_validation",
     "validation_function",
     "with_validation",
 ]
@@ -390,7 +392,9 @@ def play(
     return records
 
 
-def validation_function(settings: EvalSettings) -> Callable[[Any, Any], tuple[dict[str, float], int, int]]:
+def validation_function(
+    settings: EvalSettings, *, background: bool = False
+) -> Callable[[Any, Any], tuple[dict[str, float], int, int]]:
     """An RLlib ``custom_evaluation_function``: play the evaluation plan on the evaluation EnvRunners.
 
     The plan is played as training plays its groups (``sample_whole_groups`` on the evaluation runners, with the
@@ -401,13 +405,17 @@ def validation_function(settings: EvalSettings) -> Callable[[Any, Any], tuple[di
     The runners play with ``explore=False`` (the config's ``eval_temperature``); the metrics land under
     ``evaluation/valid/`` in the result: ``success`` (All or WebShop's success, in [0, 1]),
     ``by_type/<column>`` for each column of the Table-1 layout (in [0, 1]), ``score`` (WebShop, 0-100),
-    ``episode_len_mean`` and ``num_episodes``.
+    ``episode_len_mean``, ``num_episodes`` and ``iteration`` (the iteration whose weights were validated).
+
+    ``background``: the evaluation runners play beside training instead of blocking the iteration
+    (``BackgroundValidation``): RLlib's call hands them the weights of the iteration just trained and starts the
+    play; its metrics are reported in the iteration during which it ends. A validation due while the previous one
+    still plays is skipped (``evaluation/valid/skipped``), so validation never holds training up.
     """
 
-    def run(algorithm: Any, eval_group: Any) -> tuple[dict[str, float], int, int]:
+    def play_plan(algorithm: Any, eval_group: Any, iteration: int) -> dict[tuple[str, ...], float]:
         num_tasks = ask_env_runner(algorithm, lambda r: r.num_tasks(), env_runner_group=eval_group)
         plan = evaluation_plan(int(num_tasks), settings)
-        iteration = int(algorithm.iteration)
         # Training's whole-group sampling, on the evaluation runners: lost runners and env errors are played again,
         # groups still incomplete after the attempts are left out.
         sample = sample_whole_groups(
@@ -419,11 +427,15 @@ def validation_function(settings: EvalSettings) -> Callable[[Any, Any], tuple[di
             seed=validation_seed(settings.seed),
         )
         records = [record(e) for e in sample.episodes]
-        metrics: dict[tuple[str, ...], float] = {("num_episodes",): float(len(records))}
+        metrics: dict[tuple[str, ...], float] = {
+            ("num_episodes",): float(len(records)),
+            ("iteration",): float(iteration),
+        }
         if records:
             layout, table = _summary(records, check_env_class(algorithm.config.env).eval_table)
             metrics[("success",)] = table[layout.success_column] / 100.0
             metrics[("episode_len_mean",)] = float(np.mean([r.length for r in records]))
+            metrics[("env_steps",)] = float(sum(r.length for r in records))
             if layout.score:
                 metrics[("score",)] = table["score"]
             else:
@@ -432,16 +444,79 @@ def validation_function(settings: EvalSettings) -> Callable[[Any, Any], tuple[di
             logger.warning(
                 "validation at iteration %d: no whole group came back; nothing to report", iteration
             )
-        # The new API stack reads evaluation results from the algorithm's metrics under "evaluation", merged
-        # in as EnvRunner metrics are.
-        logged = MetricsLogger()
-        for key, value in metrics.items():
-            logged.log_value(("valid", *key), value, window=1)
-        algorithm.metrics.aggregate([logged.reduce()], key=EVALUATION_RESULTS)
-        steps = int(sum(r.length for r in records))
+        return metrics
+
+    def run(algorithm: Any, eval_group: Any) -> tuple[dict[str, float], int, int]:
+        iteration = int(algorithm.iteration)
+        if background:
+            BackgroundValidation.of(algorithm).start(
+                lambda: play_plan(algorithm, eval_group, iteration), iteration
+            )
+            return {}, 0, 0
+        metrics = play_plan(algorithm, eval_group, iteration)
+        report_validation(algorithm, metrics)
+        steps = int(metrics.pop(("env_steps",), 0.0))
         return {"valid": {"/".join(k): v for k, v in metrics.items()}}, steps, steps
 
     return run
+
+
+def report_validation(algorithm: Any, metrics: dict[tuple[str, ...], float]) -> None:
+    """Log a validation's metrics under ``evaluation/valid/``: the new API stack reads evaluation results from the
+    algorithm's metrics under "evaluation", merged in as EnvRunner metrics are."""
+    logged = MetricsLogger()
+    for key, value in metrics.items():
+        if key != ("env_steps",):
+            logged.log_value(("valid", *key), value, window=1)
+    algorithm.metrics.aggregate([logged.reduce()], key=EVALUATION_RESULTS)
+
+
+class BackgroundValidation:
+    """One validation at a time on a thread of the driver, beside training (see ``validation_function``).
+
+    The Algorithm calls ``report`` at every iteration (``GAGPO.training_step``): a finished validation's metrics go
+    into that iteration's result. While one plays, RLlib's weight sync to the evaluation runners before the next
+    due validation is skipped (``busy``; the runners would make it wait) and so is that validation.
+    """
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gagpo-validation")
+        self._job: Any = None
+        self.skipped = 0
+
+    @staticmethod
+    def of(algorithm: Any) -> BackgroundValidation:
+        if getattr(algorithm, "background_validation", None) is None:
+            algorithm.background_validation = BackgroundValidation()
+        return algorithm.background_validation
+
+    def busy(self) -> bool:
+        return self._job is not None and not self._job.done()
+
+    def start(self, play: Callable[[], dict], iteration: int) -> None:
+        if self.busy():
+            self.skipped += 1
+            logger.warning(
+                "validation at iteration %d skipped: the previous one is still playing (%d skipped so far)",
+                iteration,
+                self.skipped,
+            )
+            return
+        self._job = self._executor.submit(play)
+
+    def report(self, algorithm: Any, *, wait: bool = False) -> None:
+        """Log the finished validation's metrics (``wait``: wait for a running one first)."""
+        if self._job is None or not (wait or self._job.done()):
+            return
+        job, self._job = self._job, None
+        metrics = job.result()
+        metrics[("skipped",)] = float(self.skipped)
+        report_validation(algorithm, metrics)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
 
 
 def with_validation(
@@ -451,6 +526,7 @@ def with_validation(
     interval: int,
     settings: EvalSettings | None = None,
     num_env_runners: int | None = None,
+    background: bool | None = None,
     **overrides: Any,
 ) -> GAGPOConfig:
     """``config`` plus validation every ``interval`` iterations on ``split``.
@@ -458,20 +534,25 @@ def with_validation(
     ``num_env_runners``: evaluation EnvRunners; None: one remote runner with backend "vllm" (an engine needs a
     runner of its own; give it a GPU share with ``num_gpus_per_env_runner=...`` in ``overrides``), else 0 (the
     evaluation group's local runner plays). ``overrides`` are GAGPOConfig fields for the evaluation runners only
-    (e.g. a smaller vLLM memory share).
+    (e.g. a smaller vLLM memory share). ``background``: validate beside training (``BackgroundValidation``); None:
+    exactly when the evaluation runners are remote (the local one lives in the driver's process).
     """
     if interval < 1:
         raise ValueError(f"validation interval must be >= 1, got {interval!r}")
     check_env_class(config.env).check_split(split, "validation split")
     if num_env_runners is None:
         num_env_runners = 1 if overrides.get("backend", config.backend) == "vllm" else 0
+    if background is None:
+        background = int(num_env_runners) > 0
     env_config = {**dict(config.env_config or {}), "split": split}
     if config.max_steps is not None:
         env_config["max_steps"] = config.max_steps
     return config.evaluation(
         evaluation_interval=interval,
         evaluation_num_env_runners=int(num_env_runners),
-        custom_evaluation_function=validation_function(settings or EvalSettings(split=split)),
+        custom_evaluation_function=validation_function(
+            settings or EvalSettings(split=split), background=bool(background)
+        ),
         evaluation_config=GAGPOConfig.overrides(env_config=env_config, explore=False, **overrides),
     )
 

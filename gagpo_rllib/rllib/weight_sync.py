@@ -369,15 +369,18 @@ def write_rollout_weights(
     return folder
 
 
-def route_learner_syncs(group: Any, learner_group: Any) -> None:
+def route_learner_syncs(group: Any, learner_group: Any, skip: Callable[[], bool] | None = None) -> None:
     """Send RLlib's own inference-only syncs of ``group`` from ``learner_group`` through ``sync_env_runners``:
     after a restore, before each validation (the evaluation runners), and to chosen runners (restored ones,
-    loaded whatever their sequence number), so no RLlib path asks learner 0 for a copy of the weights."""
-    route_learner_group_syncs(
-        group,
-        learner_group,
-        lambda g, lg, ids: sync_env_runners(g, lg, worker_ids=ids, force=ids is not None),
-    )
+    loaded whatever their sequence number), so no RLlib path asks learner 0 for a copy of the weights.
+    ``skip()`` True: leave out a sync to every runner (the runners are busy with a background validation)."""
+
+    def sync(g: Any, lg: Any, ids: list[int] | None) -> None:
+        if ids is None and skip is not None and skip():
+            return
+        sync_env_runners(g, lg, worker_ids=ids, force=ids is not None)
+
+    route_learner_group_syncs(group, learner_group, sync)
 
 
 def sync_local_runner(group: Any, learner_group: Any) -> None:
