@@ -81,3 +81,46 @@ def test_staleness_one_trains_on_the_previous_weights_at_ratio_one_against_the_p
     _, inline = _train(config.copy(copy_frozen=False).env_runners(num_env_runners=0), 4)
     for name, value in overlapped.items():
         assert torch.equal(inline[name], value), name
+
+
+def test_background_validation_reports_what_blocking_validation_reports(
+    ray_cluster, tiny_maze_config
+) -> None:
+    """Validation on a remote evaluation runner beside training: the same episodes for the same weights as the
+    blocking validation (its metrics land in a later iteration, under the iteration they validate), and training
+    ends on the same weights."""
+    from gagpo_rllib.rllib.evaluation import EvalSettings, with_validation
+
+    def run(background: bool) -> tuple[dict[int, dict], dict[str, torch.Tensor]]:
+        config = tiny_maze_config(groups_per_iteration=2).env_runners(num_env_runners=0)
+        config = with_validation(
+            config,
+            split="eval",
+            interval=1,
+            settings=EvalSettings(num_tasks=3, episodes_per_task=2),
+            num_env_runners=1,
+            background=background,
+            num_cpus_per_env_runner=0.5,
+        )
+        algo = config.build_algo()
+        try:
+            results = [algo.train() for _ in range(4)]
+            weights = _weights(algo)
+            valid = [r.get("evaluation", {}).get("valid") for r in results]
+            if background:  # the last one started may still play: wait for it and read what it logs
+                algo.background_validation.report(algo, wait=True)
+                valid.append(algo.metrics.peek(("evaluation", "valid")))
+                assert not algo.validation_busy()
+        finally:
+            algo.stop()
+        return {int(v["iteration"]): v for v in valid if v and "iteration" in v}, weights
+
+    blocking, trained = run(background=False)
+    assert sorted(blocking) == [0, 1, 2, 3]
+    background, trained_beside = run(background=True)
+    assert background and set(background) <= {0, 1, 2, 3}
+    for iteration, valid in background.items():
+        for name in ("num_episodes", "success", "episode_len_mean"):
+            assert valid[name] == blocking[iteration][name], (iteration, name)
+    for name, value in trained.items():
+        assert torch.equal(trained_beside[name], value), name
