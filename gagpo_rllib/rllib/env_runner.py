@@ -181,7 +181,8 @@ class GAGPOEnvRunner(RunnerInternals):
             try:
                 self._play_per_episode(rollout, explore)
             finally:  # a call that stopped early leaves no request behind for the next one
-                dropped = self.module.backend.abort()
+                backend = self.module.started_backend
+                dropped = backend.abort() if backend is not None else 0
                 if dropped:
                     logger.warning("dropped %d generation request(s) of an unfinished rollout", dropped)
         else:

@@ -124,3 +124,34 @@ def test_background_validation_reports_what_blocking_validation_reports(
             assert valid[name] == blocking[iteration][name], (iteration, name)
     for name, value in trained.items():
         assert torch.equal(trained_beside[name], value), name
+
+
+def test_a_checkpoint_with_a_rollout_in_flight_restores_without_losing_or_repeating_a_group(
+    ray_cluster, tiny_maze_config, tmp_path
+) -> None:
+    """The checkpoint of iteration 1 is taken while iteration 2 plays; the restored run plans iteration 2 again
+    from its seed (with the restored weights: staleness 0) and goes on from there."""
+    from gagpo_rllib.rllib.algorithm import GAGPO
+
+    config = _config(tiny_maze_config, max_staleness=1)
+    algo = config.build_algo()
+    try:
+        for _ in range(2):
+            algo.train()
+        assert algo.rollout_pipeline().in_flight() == [2]
+        path = algo.save_to_path(str(tmp_path / "checkpoint"))
+    finally:
+        algo.stop()
+    restored = GAGPO.from_checkpoint(path)
+    try:
+        assert restored.iteration == 2
+        first = restored.train()["gagpo"]
+        assert (
+            first["staleness"] == 0.0
+            and first["num_episodes"] == config.groups_per_iteration * config.group_size
+        )
+        assert first["groups_complete"] == config.groups_per_iteration and first["groups_replayed"] == 0
+        assert restored.rollout_pipeline().in_flight() == [3]
+        assert restored.train()["gagpo"]["staleness"] == 1.0
+    finally:
+        restored.stop()
