@@ -516,6 +516,19 @@ class BackgroundValidation:
         report_validation(algorithm, metrics)
 
     def close(self) -> None:
+        """Wait for a validation still playing and log its metrics (no result follows a stopped run)."""
+        if self._job is not None:
+            job, self._job = self._job, None
+            try:
+                metrics = job.result()
+            except Exception:  # noqa: BLE001 - the run is over; what failed is logged, not raised from stop()
+                logger.exception("the validation still playing when the run stopped failed")
+            else:
+                logger.info(
+                    "validation of iteration %d, ended after the run: %s",
+                    int(metrics.get(("iteration",), -1)),
+                    {"/".join(k): v for k, v in metrics.items()},
+                )
         self._executor.shutdown(wait=True)
 
 
@@ -526,7 +539,7 @@ def with_validation(
     interval: int,
     settings: EvalSettings | None = None,
     num_env_runners: int | None = None,
-    background: bool | None = None,
+    background: bool = False,
     **overrides: Any,
 ) -> GAGPOConfig:
     """``config`` plus validation every ``interval`` iterations on ``split``.
@@ -534,16 +547,20 @@ def with_validation(
     ``num_env_runners``: evaluation EnvRunners; None: one remote runner with backend "vllm" (an engine needs a
     runner of its own; give it a GPU share with ``num_gpus_per_env_runner=...`` in ``overrides``), else 0 (the
     evaluation group's local runner plays). ``overrides`` are GAGPOConfig fields for the evaluation runners only
-    (e.g. a smaller vLLM memory share). ``background``: validate beside training (``BackgroundValidation``); None:
-    exactly when the evaluation runners are remote (the local one lives in the driver's process).
+    (e.g. a smaller vLLM memory share). ``background``: validate beside training on the remote evaluation runners
+    (``BackgroundValidation``; the paper set-up does on GPUs): no iteration waits for it, its metrics arrive in a
+    later iteration's result, and one still playing when the run stops is only logged.
     """
     if interval < 1:
         raise ValueError(f"validation interval must be >= 1, got {interval!r}")
     check_env_class(config.env).check_split(split, "validation split")
     if num_env_runners is None:
         num_env_runners = 1 if overrides.get("backend", config.backend) == "vllm" else 0
-    if background is None:
-        background = int(num_env_runners) > 0
+    if background and int(num_env_runners) == 0:
+        raise ValueError(
+            "with_validation: background=True needs remote evaluation runners (num_env_runners >= 1); the local "
+            "one lives in the driver's process"
+        )
     env_config = {**dict(config.env_config or {}), "split": split}
     if config.max_steps is not None:
         env_config["max_steps"] = config.max_steps

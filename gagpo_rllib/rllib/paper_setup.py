@@ -316,6 +316,8 @@ def paper_config(
         split=valid_split,
         interval=5,
         settings=EvalSettings(split=valid_split, seed=seed),
+        # On GPUs the validation engine plays beside training; its metrics arrive an iteration or more later.
+        background=on_gpu,
         **(
             {"backend_kwargs": _engine(valid_memory, sleep=shared), "num_gpus_per_env_runner": per_valid}
             if on_gpu
