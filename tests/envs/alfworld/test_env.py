@@ -95,6 +95,31 @@ def test_envs_in_one_process_stay_independent():
     assert out_a[2] and out_b[2]
 
 
+def test_envs_stepped_on_threads_play_as_one_after_another():
+    """Per-episode rollouts step a runner's sub-envs on a thread pool: the same games give the same
+    observations, rewards and admissible commands as stepped one after another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def play(threaded: bool) -> list:
+        envs = [AlfworldEnv({"split": "valid_unseen"}) for _ in range(4)]
+        walks = []
+        for i, env in enumerate(envs):
+            _, info = env.reset(options={"task_id": i})
+            walks.append(json.loads(Path(info["game_file"]).read_text())["walkthrough"])
+        trace = []
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            for t in range(max(len(w) for w in walks)):
+                todo = [(env, w[t]) for env, w in zip(envs, walks, strict=True) if t < len(w)]
+                step = lambda pair: pair[0].step(pair[1])  # noqa: E731
+                outs = list(pool.map(step, todo)) if threaded else [step(pair) for pair in todo]
+                trace.append([(o[0], o[1], o[2], tuple(o[4]["admissible_commands"])) for o in outs])
+        return trace
+
+    trace = play(threaded=True)
+    assert trace == play(threaded=False)
+    assert sum(bool(step[2]) for turn in trace for step in turn) == 4  # every walkthrough wins
+
+
 def test_passes_gymnasium_env_checker():
     check_env(AlfworldEnv({"split": "valid_unseen"}), skip_render_check=True)
 

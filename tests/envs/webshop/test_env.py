@@ -33,6 +33,29 @@ def buy_goal_product(env: WebShopEnv, task_id: int, skip_options: bool = False):
     return env.step("click[buy now]")
 
 
+def test_envs_searching_on_threads_see_what_they_see_one_after_another():
+    """Per-episode rollouts step a runner's sub-envs on a thread pool, all searching one shared index."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def play(threaded: bool) -> list:
+        envs = [WebShopEnv({"split": "test"}) for _ in range(4)]
+        actions = []
+        for i, env in enumerate(envs):
+            env.reset(options={"task_id": i})
+            title = env.shop.catalogue.by_asin[env.goal(i)["asin"]]["Title"]
+            actions.append([f"search[{title}]", "click[next >]", "click[< prev]", "click[back to search]"])
+        step = lambda pair: pair[0].step(pair[1])  # noqa: E731
+        trace = []
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            for t in range(4):
+                todo = [(env, a[t]) for env, a in zip(envs, actions, strict=True)]
+                outs = list(pool.map(step, todo)) if threaded else [step(pair) for pair in todo]
+                trace.append([(o[0], o[1], tuple(o[4]["admissible_actions"])) for o in outs])
+        return trace
+
+    assert play(threaded=True) == play(threaded=False)
+
+
 def test_protocol_on_reset(env):
     obs, info = env.reset(options={"task_id": 0})
     assert isinstance(env.observation_space, TextSpace) and env.observation_space.contains(obs)
