@@ -1,9 +1,10 @@
 """The GAGPO Algorithm: grouped rollouts of an LLM policy, critic-free grouped advantages (config: ``config.py``).
 
 One iteration: the driver draws N task instances from the env's split (deterministic from the seed and the
-iteration), plans K episodes of each (a group), splits the plan over the EnvRunners, which play every planned
+iteration), plans K episodes of each (a group), hands the groups to the EnvRunners, which play every planned
 episode to its end; the Learner turns the episodes into step advantages (``compute_advantages``) and updates the
-policy; the new weights go to the rollout backends.
+policy; the new weights go to the rollout backends. With ``max_staleness`` >= 1 the runners play the next
+iterations while the learners update (``take_rollout``, ``gagpo_rllib.rllib.rollout_pipeline``).
 """
 
 from __future__ import annotations
@@ -227,9 +228,8 @@ class GAGPO(Algorithm):
         RLlib skips a weight sync whose sequence number is older than the runner's, which is the case when a live
         algorithm goes back to an earlier checkpoint; the runners' numbers are reset so the sync goes through.
         """
-        if (
-            getattr(self, "_pipeline", None) is not None
-        ):  # rollouts in flight played with the weights replaced now
+        # Rollouts in flight were played with the weights replaced now: they are planned again from their seeds.
+        if getattr(self, "_pipeline", None) is not None:
             self._pipeline.close()
             self._pipeline = None
         super().restore_from_path(path, *args, **kwargs)
@@ -261,34 +261,35 @@ class GAGPO(Algorithm):
             self.background_validation = None
         super().stop()
 
+    def take_rollout(self, iteration: int) -> tuple[GroupSample, DynamicSample | None, float, int]:
+        """This iteration's episodes and their staleness (updates between the weights that played them and the
+        learners' now): played now with ``max_staleness`` 0; else taken from the rollout pipeline, which was
+        handed the last update's weights and queued up to ``max_staleness`` iterations ahead first."""
+        cfg: GAGPOConfig = self.config
+        if cfg.max_staleness == 0:
+            return (*self.sample_iteration(iteration), 0)
+        updates = getattr(self, "_updates", 0)
+        pipeline = self.rollout_pipeline()
+        if updates > getattr(self, "_published_updates", 0):
+            # The learners are idle now: publish the last update's weights for the next queued job.
+            pipeline.publish(prepare_sync(self.env_runner_group, self.learner_group), updates)
+            self._published_updates = updates
+        start = time.perf_counter()
+        pipeline.queue_until(iteration + cfg.max_staleness, start=iteration)
+        sampled = pipeline.take(iteration)
+        self.metrics.log_value(("gagpo", "time_waiting_for_rollout_s"), time.perf_counter() - start, window=1)
+        if sampled.sync is not None:
+            self.log_weight_sync(sampled.sync)
+        return sampled.sample, sampled.dynamic, sampled.sample_s, updates - sampled.weights_version
+
     def training_step(self) -> None:
         cfg: GAGPOConfig = self.config
         iteration = self.iteration
-        if (
-            getattr(self, "background_validation", None) is not None
-        ):  # a validation that ended beside training
+        # A validation that ended beside training reports in this iteration.
+        if getattr(self, "background_validation", None) is not None:
             self.background_validation.report(self)
-        updates = getattr(self, "_updates", 0)  # updates in the learners' weights now
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
-            if cfg.max_staleness == 0:
-                sample, dynamic, sample_s = self.sample_iteration(iteration)
-                staleness = 0
-            else:
-                pipeline = self.rollout_pipeline()
-                if updates > getattr(self, "_published_updates", 0):
-                    # The learners are idle: publish the last update's weights for the next queued job.
-                    pipeline.publish(prepare_sync(self.env_runner_group, self.learner_group), updates)
-                    self._published_updates = updates
-                wait_start = time.perf_counter()
-                pipeline.queue_until(iteration + cfg.max_staleness, start=iteration)
-                sampled = pipeline.take(iteration)
-                self.metrics.log_value(
-                    ("gagpo", "time_waiting_for_rollout_s"), time.perf_counter() - wait_start, window=1
-                )
-                sample, dynamic, sample_s = sampled.sample, sampled.dynamic, sampled.sample_s
-                staleness = updates - sampled.weights_version
-                if sampled.sync is not None:
-                    self.log_weight_sync(sampled.sync)
+            sample, dynamic, sample_s, staleness = self.take_rollout(iteration)
         self.metrics.log_value(("gagpo", "staleness"), float(staleness), window=1)
         # Rollout metrics are over everything played; with dynamic sampling the update sees the informative
         # groups only.
@@ -337,7 +338,7 @@ class GAGPO(Algorithm):
                     )
                 self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
                 report_skipped_updates(self.metrics, iteration)
-            self._updates = updates + 1
+            self._updates = getattr(self, "_updates", 0) + 1  # the weights' version (``take_rollout``)
             if cfg.max_staleness == 0:
                 with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
                     synced = sync_env_runners(self.env_runner_group, self.learner_group)

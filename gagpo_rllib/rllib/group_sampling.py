@@ -4,8 +4,8 @@ One iteration's plan (N groups x K members) is played in rounds. In each round t
 the remote EnvRunners that are healthy now: with per-episode rollouts (``rollout_schedule="per_episode"``) as a
 queue of whole groups that each runner takes from whenever it has a free sub-env (``GroupQueue``), so a runner
 that finishes early takes the next group instead of idling; in lock-step, as contiguous shares (so a group may
-span runners). The round collects what comes back. A member is done when its episode ended without an env error; a group is complete when all K members
-are done. Members lost with a runner (killed, restarted, timed out) or ended by an env error are played again in
+span runners). The round collects what comes back. A member is done when its episode ended without an env
+error; a group is complete when all K members are done. Members lost with a runner (killed, restarted, timed out) or ended by an env error are played again in
 the next round, on whichever runners are healthy or restored by then, with ``attempt`` + 1: generation seeds
 derive from (seed, iteration, group, member, attempt) and the step, never from the runner. After
 ``max_group_attempts`` rounds or ``group_sampling_timeout_s`` seconds, incomplete groups are dropped whole (and

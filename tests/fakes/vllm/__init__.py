@@ -30,7 +30,8 @@ It runs the tiny Hugging Face policy on CPU and reproduces vLLM 0.33's *observab
   of each choice and then only end tokens, like vLLM's grammar.
 - ``llm_engine``: ``add_request(request_id, prompt, params, lora_request=None)``, ``step()`` (finishes the oldest
   waiting request and returns it as a finished ``RequestOutput``), ``has_unfinished_requests()``,
-  ``get_num_unfinished_requests()``, ``abort_request(request_ids)``; the per-request path of the backend.
+  ``get_num_unfinished_requests()``, ``abort_request(request_ids)``; the per-request path of the backend (each
+  finished request is one ``("generate", 1)`` event).
 - a prefix cache: a prompt seen before reuses the KV cache computed then, with the weights of then, until
   ``reset_prefix_cache()``; ``sleep(level)`` / ``wake_up(tags)`` (level 1 keeps the weights in host memory, level 2
   drops them; generating while asleep raises).
@@ -428,7 +429,6 @@ class LLMEngine:
             raise ValueError(f"request id {request_id} already running")
         if lora_request is not None:
             raise NotImplementedError("the stand-in has no LoRA")
-        self._llm.events.append(("add_request", request_id))
         self._waiting[request_id] = (prompt, params)
         return request_id
 
@@ -439,6 +439,7 @@ class LLMEngine:
             return []
         request_id = next(iter(self._waiting))
         prompt, params = self._waiting.pop(request_id)
+        self._llm.events.append(("generate", 1))  # the test hook's record of sampling, as for LLM.generate
         return [self._llm._one(request_id, prompt, params)]
 
     def has_unfinished_requests(self) -> bool:
