@@ -303,3 +303,29 @@ def test_a_forced_closing_token_takes_no_forward_and_keeps_its_exact_log_prob(
     )
     for i, o in enumerate(outs):  # the learner scores the forced token 0 as well: ratio exactly 1 there
         torch.testing.assert_close(logp[i, : len(o.logprobs)], torch.tensor(o.logprobs), atol=1e-5, rtol=0)
+
+
+def test_requests_submitted_one_by_one_answer_as_one_batched_call(backend: HFGenerationBackend) -> None:
+    """The base class's per-request path gathers what was submitted into one batched call per collect."""
+    from gagpo_rllib.policy.generation.base import GenerationRequest
+
+    prompts = _prompts(backend.tokenizer)
+    cfg = SamplingConfig(max_new_tokens=6)
+    batched = backend.generate(prompts, sampling=cfg, seed=[31, 32, 33])
+    backend.submit([GenerationRequest(key=("a", 0), prompt=prompts[0], seed=31)], sampling=cfg)
+    backend.submit(
+        [GenerationRequest(key=("a", k), prompt=prompts[k], seed=31 + k) for k in (1, 2)], sampling=cfg
+    )
+    assert backend.in_flight() == 3
+    answers = dict(backend.collect())
+    assert backend.in_flight() == 0 and backend.collect() == []
+    for k in range(3):
+        assert answers[("a", k)].action_ids == batched[k].action_ids
+        assert answers[("a", k)].logprobs == batched[k].logprobs
+    request = GenerationRequest(key="x", prompt=prompts[0], seed=1)
+    with pytest.raises(ValueError, match="already in flight"):
+        backend.submit([request, request], sampling=cfg)
+    backend.submit([request], sampling=cfg)
+    with pytest.raises(ValueError, match="already in flight"):
+        backend.submit([request], sampling=cfg)
+    assert backend.abort() == 1 and backend.in_flight() == 0
