@@ -271,17 +271,22 @@ class LLMRLModule(TorchRLModule):
         return self._backend
 
     # ------------------------------------------------------------------------------------------------ forwards
-    def _generate(self, batch: dict[str, Any], sampling: SamplingConfig) -> dict[str, Any]:
+    @staticmethod
+    def _prompts(batch: dict[str, Any], sampling: SamplingConfig) -> tuple[list[str], list[list[str]] | None]:
+        """The batch's prompts and, when constrained, one admissible-action list per prompt."""
         prompts = [str(p) for p in batch[Columns.PROMPTS]]
+        if not sampling.constrained:
+            return prompts, None
         admissible = batch.get(Columns.ADMISSIBLE)
-        if sampling.constrained and admissible is None:
+        if admissible is None:
             raise ValueError("constrained decoding needs the batch's 'admissible' action lists")
+        return prompts, [list(a) for a in admissible]
+
+    def _generate(self, batch: dict[str, Any], sampling: SamplingConfig) -> dict[str, Any]:
+        prompts, admissible = self._prompts(batch, sampling)
         start = time.perf_counter()
         outs = self.backend.generate(
-            prompts,
-            sampling=sampling,
-            admissible=[list(a) for a in admissible] if sampling.constrained else None,
-            seed=batch.get(Columns.GEN_SEED),
+            prompts, sampling=sampling, admissible=admissible, seed=batch.get(Columns.GEN_SEED)
         )
         self.generation_time_s += time.perf_counter() - start
         return _forward_columns(outs)
@@ -292,10 +297,7 @@ class LLMRLModule(TorchRLModule):
         from gagpo_rllib.policy.generation.base import GenerationRequest
 
         sampling = self.sampling if explore else self.eval_sampling
-        prompts = [str(p) for p in batch[Columns.PROMPTS]]
-        admissible = batch.get(Columns.ADMISSIBLE)
-        if sampling.constrained and admissible is None:
-            raise ValueError("constrained decoding needs the batch's 'admissible' action lists")
+        prompts, admissible = self._prompts(batch, sampling)
         seeds = batch.get(Columns.GEN_SEED)
         if len(keys) != len(prompts):
             raise ValueError(f"keys: {len(keys)} keys for {len(prompts)} prompts")
@@ -303,7 +305,7 @@ class LLMRLModule(TorchRLModule):
             GenerationRequest(
                 key=key,
                 prompt=prompt,
-                admissible=list(admissible[i]) if sampling.constrained else None,
+                admissible=None if admissible is None else admissible[i],
                 seed=None if seeds is None else int(seeds[i]),
             )
             for i, (key, prompt) in enumerate(zip(keys, prompts, strict=True))

@@ -126,6 +126,12 @@ class GAGPO(Algorithm):
         put by learner 0 (under FSDP gathered bucket by bucket), not one through the driver."""
         # Engines this process started before this Algorithm (another run in the same process) are not its own.
         self._engines_before = _process_engines()
+        # max_staleness >= 1: the rollout jobs (started on first use), the updates in the learners' weights and
+        # the number of them last published to the runners.
+        self._pipeline: RolloutPipeline | None = None
+        self._updates = self._published_updates = 0
+        # A validation playing beside training (``evaluation.BackgroundValidation``, with_validation(background=True)).
+        self.background_validation = None
         # Steps the model needs before it loads (on_setup_start, e.g. a cached warm start).
         config.run_setup_start()
         super().setup(config)
@@ -140,8 +146,7 @@ class GAGPO(Algorithm):
 
     def validation_busy(self) -> bool:
         """Whether a background validation is playing on the evaluation runners (``evaluation.BackgroundValidation``)."""
-        job = getattr(self, "background_validation", None)
-        return job is not None and job.busy()
+        return self.background_validation is not None and self.background_validation.busy()
 
     def restore_env_runners(self, env_runner_group) -> list[int]:
         """RLlib's restore, which syncs restored runners from the local runner; that one holds no weights when
@@ -229,7 +234,7 @@ class GAGPO(Algorithm):
         algorithm goes back to an earlier checkpoint; the runners' numbers are reset so the sync goes through.
         """
         # Rollouts in flight were played with the weights replaced now: they are planned again from their seeds.
-        if getattr(self, "_pipeline", None) is not None:
+        if self._pipeline is not None:
             self._pipeline.close()
             self._pipeline = None
         super().restore_from_path(path, *args, **kwargs)
@@ -247,12 +252,13 @@ class GAGPO(Algorithm):
 
     def rollout_pipeline(self) -> RolloutPipeline:
         """The queue of rollout jobs of ``max_staleness`` >= 1, started on first use."""
-        if getattr(self, "_pipeline", None) is None:
+        if self._pipeline is None:
             overlap = self.env_runner_group.num_remote_env_runners() > 0
             self._pipeline = RolloutPipeline(self.sample_iteration, overlap=overlap)
         return self._pipeline
 
     def stop(self) -> None:
+        # getattr: RLlib stops an Algorithm whose setup failed too.
         if getattr(self, "_pipeline", None) is not None:
             self._pipeline.close()
             self._pipeline = None
@@ -268,9 +274,9 @@ class GAGPO(Algorithm):
         cfg: GAGPOConfig = self.config
         if cfg.max_staleness == 0:
             return (*self.sample_iteration(iteration), 0)
-        updates = getattr(self, "_updates", 0)
+        updates = self._updates
         pipeline = self.rollout_pipeline()
-        if updates > getattr(self, "_published_updates", 0):
+        if updates > self._published_updates:
             # The learners are idle now: publish the last update's weights for the next queued job.
             pipeline.publish(prepare_sync(self.env_runner_group, self.learner_group), updates)
             self._published_updates = updates
@@ -286,7 +292,7 @@ class GAGPO(Algorithm):
         cfg: GAGPOConfig = self.config
         iteration = self.iteration
         # A validation that ended beside training reports in this iteration.
-        if getattr(self, "background_validation", None) is not None:
+        if self.background_validation is not None:
             self.background_validation.report(self)
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             sample, dynamic, sample_s, staleness = self.take_rollout(iteration)
@@ -338,7 +344,7 @@ class GAGPO(Algorithm):
                     )
                 self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
                 report_skipped_updates(self.metrics, iteration)
-            self._updates = getattr(self, "_updates", 0) + 1  # the weights' version (``take_rollout``)
+            self._updates += 1  # the weights' version (``take_rollout``)
             if cfg.max_staleness == 0:
                 with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
                     synced = sync_env_runners(self.env_runner_group, self.learner_group)

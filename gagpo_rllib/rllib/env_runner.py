@@ -194,8 +194,7 @@ class GAGPOEnvRunner(RunnerInternals):
         """One batched generation per turn for all live sub-envs, then their env steps one after another."""
         for i in range(len(rollout.envs)):
             rollout.start(i)
-        while rollout.live():
-            live = rollout.live()
+        while live := rollout.live():
             episodes = [rollout.slots[i] for i in live]
             t0 = time.perf_counter()
             to_module = self.env_to_module(episodes, explore=explore)

@@ -413,7 +413,10 @@ def validation_function(
     still plays is skipped (``evaluation/valid/skipped``), so validation never holds training up.
     """
 
-    def play_plan(algorithm: Any, eval_group: Any, iteration: int) -> dict[tuple[str, ...], float]:
+    def play_plan(
+        algorithm: Any, eval_group: Any, iteration: int
+    ) -> tuple[dict[tuple[str, ...], float], int]:
+        """The validation's metrics and the env steps it played."""
         num_tasks = ask_env_runner(algorithm, lambda r: r.num_tasks(), env_runner_group=eval_group)
         plan = evaluation_plan(int(num_tasks), settings)
         # Training's whole-group sampling, on the evaluation runners: lost runners and env errors are played again,
@@ -435,7 +438,6 @@ def validation_function(
             layout, table = _summary(records, check_env_class(algorithm.config.env).eval_table)
             metrics[("success",)] = table[layout.success_column] / 100.0
             metrics[("episode_len_mean",)] = float(np.mean([r.length for r in records]))
-            metrics[("env_steps",)] = float(sum(r.length for r in records))
             if layout.score:
                 metrics[("score",)] = table["score"]
             else:
@@ -444,18 +446,17 @@ def validation_function(
             logger.warning(
                 "validation at iteration %d: no whole group came back; nothing to report", iteration
             )
-        return metrics
+        return metrics, int(sum(r.length for r in records))
 
     def run(algorithm: Any, eval_group: Any) -> tuple[dict[str, float], int, int]:
         iteration = int(algorithm.iteration)
         if background:
             BackgroundValidation.of(algorithm).start(
-                lambda: play_plan(algorithm, eval_group, iteration), iteration
+                lambda: play_plan(algorithm, eval_group, iteration)[0], iteration
             )
             return {}, 0, 0
-        metrics = play_plan(algorithm, eval_group, iteration)
+        metrics, steps = play_plan(algorithm, eval_group, iteration)
         report_validation(algorithm, metrics)
-        steps = int(metrics.pop(("env_steps",), 0.0))
         return {"valid": {"/".join(k): v for k, v in metrics.items()}}, steps, steps
 
     return run
@@ -466,8 +467,7 @@ def report_validation(algorithm: Any, metrics: dict[tuple[str, ...], float]) -> 
     algorithm's metrics under "evaluation", merged in as EnvRunner metrics are."""
     logged = MetricsLogger()
     for key, value in metrics.items():
-        if key != ("env_steps",):
-            logged.log_value(("valid", *key), value, window=1)
+        logged.log_value(("valid", *key), value, window=1)
     algorithm.metrics.aggregate([logged.reduce()], key=EVALUATION_RESULTS)
 
 

@@ -410,12 +410,7 @@ class VLLMGenerationBackend(GenerationBackend):
         """Sample one answer per prompt; request i is seeded with ``row_seeds(seed, n)[i]``."""
         if not prompts:
             return []
-        self.check_admissible(prompts, sampling, admissible)
-        check_temperature(sampling.temperature, "sampling.temperature")
-        if self.sleep_level is not None:
-            raise RuntimeError(
-                "the vLLM engine is asleep: call wake_up() (or update_weights) before generate"
-            )
+        self._check_ready(prompts, sampling, admissible, "generate")
         if self.in_flight():
             raise RuntimeError("generate: submitted requests are still in flight; collect them first")
         seeds = row_seeds(seed, len(prompts))
@@ -432,6 +427,15 @@ class VLLMGenerationBackend(GenerationBackend):
             )
             for i, out in enumerate(outputs)
         ]
+
+    def _check_ready(
+        self, prompts: list[str], sampling: SamplingConfig, admissible: list[list[str]] | None, call: str
+    ) -> None:
+        """What both ways in check first: the admissible lists, vLLM's temperature range, an awake engine."""
+        self.check_admissible(prompts, sampling, admissible)
+        check_temperature(sampling.temperature, "sampling.temperature")
+        if self.sleep_level is not None:
+            raise RuntimeError(f"the vLLM engine is asleep: call wake_up() (or update_weights) before {call}")
 
     def _requests(
         self,
@@ -494,12 +498,9 @@ class VLLMGenerationBackend(GenerationBackend):
         next step, beside the requests already running; ``collect`` steps the engine."""
         if not requests:
             return
-        check_temperature(sampling.temperature, "sampling.temperature")
-        if self.sleep_level is not None:
-            raise RuntimeError("the vLLM engine is asleep: call wake_up() (or update_weights) before submit")
         prompts = [r.prompt for r in requests]
         admissible = [list(r.admissible or []) for r in requests] if sampling.constrained else None
-        self.check_admissible(prompts, sampling, admissible)
+        self._check_ready(prompts, sampling, admissible, "submit")
         seeds = [r.seed for r in requests]
         tokens, params = self._requests(prompts, sampling, admissible, None if None in seeds else seeds)
         flight = self.__dict__.setdefault("_flight", {})
