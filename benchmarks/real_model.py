@@ -267,7 +267,11 @@ def render(
         "env does not know, e.g. ALFWorld's `go to book 1`; WebShop's `search[<your query>]` placeholder does not "
         "count).",
     ]
-    lines += ["", "Warm start (`gagpo_rllib.tools.sft.finetune`, free-form targets with a reasoning line):", ""]
+    lines += [
+        "",
+        "Warm start (`gagpo_rllib.tools.sft.finetune`, free-form targets with a reasoning line):",
+        "",
+    ]
     lines += [
         "| env | demonstrations | train steps | held-out loss before | after | seconds |",
         "|---|---:|---:|---:|---:|---:|",

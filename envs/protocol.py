@@ -46,12 +46,15 @@ __all__ = [
     "TASK_ID",
     "TASK_SCORE",
     "TASK_TYPE",
+    "UNTYPED",
     "WON",
     "EnvSpec",
     "EvalTable",
+    "Outcome",
     "TextEnv",
     "check_env_class",
     "check_info",
+    "outcome",
 ]
 
 # Info keys every info carries.
@@ -69,6 +72,28 @@ TASK_SCORE = "task_score"
 PROVENANCE = "provenance"
 
 GENERIC_NAME = "generic"
+# The task type of an env whose infos name none.
+UNTYPED = "all"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an episode ended, as its env reported it in the final info: the one reading of ``won``, ``task_type``
+    and ``task_score`` that rollout metrics, validation and demonstrations share."""
+
+    won: bool
+    task_type: str
+    task_score: float | None = None
+
+
+def outcome(final_info: Mapping[str, Any]) -> Outcome:
+    """The ``Outcome`` in an episode's final info (not won, type ``UNTYPED`` and no score where keys are absent)."""
+    score = final_info.get(TASK_SCORE)
+    return Outcome(
+        won=bool(final_info.get(WON, False)),
+        task_type=str(final_info.get(TASK_TYPE, UNTYPED)),
+        task_score=None if score is None else float(score),
+    )
 
 
 @dataclass(frozen=True)

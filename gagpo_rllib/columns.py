@@ -56,6 +56,8 @@ class Columns:
     BEHAVIOUR_WEIGHT = "behaviour_weight"  # per step: min(pi_prox / pi_behav, cap), off-policy steps only
     ADVANTAGES = "advantages"
     ALLOWED_IDS = "allowed_ids"
+    # 1 for trained rows, 0 for stand-ins; scaled to N / (rows of the step over all learners) before the loss, so
+    # that the learners' summed (DDP: averaged x N) gradients are the step's mean.
     ROW_WEIGHT = "row_weight"
     OLD_VALUES = "old_values"
     VALUE_TARGETS = "value_targets"

@@ -30,10 +30,7 @@ from gagpo_rllib.policy.logprobs import last_mlp_only_on_last_column, left_pad, 
 from gagpo_rllib.policy.rl_module import LLMRLModule, unpad_token_batch
 from gagpo_rllib.policy.unique_rows import back_in_order, length_chunks, unique_rows
 
-__all__ = ["VALUES", "CriticRLModule", "ValueHead", "last_token_hidden"]
-
-# Key of the train forward's output holding V(s_t) per step (gagpo_rllib.columns; kept for importers).
-VALUES = Columns.VALUES
+__all__ = ["CriticRLModule", "ValueHead", "last_token_hidden"]
 
 
 def last_token_hidden(trunk: nn.Module, prompt_ids: list[list[int]], *, pad_token_id: int) -> Tensor:

@@ -53,16 +53,8 @@ from gagpo_rllib.policy.unique_rows import back_in_order, row_keys, row_keys_of,
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LLMRLModule", "PROMPTS", "ADMISSIBLE", "GEN_SEED", "object_array"]
+__all__ = ["LLMRLModule", "object_array"]
 
-# Keys of the env-to-module batch the module reads, and of the exploration output (stored per step in the
-# episode's extra model outputs); the names live in gagpo_rllib.columns, these are kept for importers.
-PROMPTS = Columns.PROMPTS
-ADMISSIBLE = Columns.ADMISSIBLE
-GEN_SEED = Columns.GEN_SEED
-PROMPT_IDS = Columns.PROMPT_IDS
-ACTION_IDS = Columns.ACTION_IDS
-ACTION_LOGP = Columns.ACTION_LOGP
 
 # The policy's parameters in this module's state: "model." + the Hugging Face name.
 _POLICY_PREFIX = "model."

@@ -26,6 +26,7 @@ from ray.rllib.utils.metrics import (
     TIMERS,
 )
 
+from envs.protocol import outcome
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.config import GAGPOConfig
 from gagpo_rllib.rllib.connectors.grouped_advantages import (
@@ -79,7 +80,7 @@ def reward_signal_shares(episodes: list) -> dict[str, float]:
         )
         rewards = [float(r) for r in ep.get_rewards()]
         invalid = [bool(x) for x in ep.get_extra_model_outputs(Columns.INVALID)] if len(ep) else []
-        won = bool(ep.get_infos(-1).get("won", False))
+        won = outcome(ep.get_infos(-1)).won
         g["rewarded"] |= won or any(r != 0.0 for r in rewards)
         g["any_invalid"] |= any(invalid)
         g["all_invalid"] &= bool(invalid) and all(invalid) and not won
@@ -410,12 +411,11 @@ class GAGPO(Algorithm):
         wins, returns, lengths, invalid, tokens, scores = [], [], [], [], 0, []
         by_type: dict[str, list[float]] = defaultdict(list)
         for ep in episodes:
-            final = ep.get_infos(-1)
-            won = float(bool(final.get("won", False)))
-            wins.append(won)
-            by_type[str(final.get("task_type", "all"))].append(won)
-            if final.get("task_score") is not None:
-                scores.append(float(final["task_score"]))
+            end = outcome(ep.get_infos(-1))
+            wins.append(float(end.won))
+            by_type[end.task_type].append(float(end.won))
+            if end.task_score is not None:
+                scores.append(end.task_score)
             returns.append(float(ep.get_return()))
             lengths.append(len(ep))
             invalid.extend(bool(x) for x in ep.get_extra_model_outputs(Columns.INVALID))

@@ -30,11 +30,9 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from envs.protocol import GENERIC_TABLE, EvalTable, check_env_class
-from gagpo_rllib.policy.rl_module import ACTION_IDS, PROMPT_IDS
+from envs.protocol import GENERIC_TABLE, PROVENANCE, TASK_TYPE, WON, EvalTable, check_env_class, outcome
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.config import GAGPOConfig, configure
-from gagpo_rllib.rllib.connectors.env_to_module import ENV_ACTION
-from gagpo_rllib.rllib.connectors.module_to_env import INVALID, INVALID_REASON
 from gagpo_rllib.rllib.group_sampling import ask_env_runner, sample_whole_groups
 from gagpo_rllib.rllib.plans import evaluation_plan, validation_seed
 
@@ -245,18 +243,18 @@ def _summary(episodes: list[EpisodeRecord], eval_table: EvalTable) -> tuple[Eval
 def record(episode: Any) -> EpisodeRecord:
     """An EpisodeRecord from a finished SingleAgentEpisode (its custom_data and final info)."""
     final = episode.get_infos(-1)
-    invalid = [bool(x) for x in episode.get_extra_model_outputs(INVALID)]
-    score = final.get("task_score")
-    provenance = final.get("provenance")
+    end = outcome(final)
+    invalid = [bool(x) for x in episode.get_extra_model_outputs(Columns.INVALID)]
+    provenance = final.get(PROVENANCE)
     return EpisodeRecord(
         task_id=int(episode.custom_data["task_id"]),
         member=int(episode.custom_data["member"]),
-        task_type=str(final.get("task_type", "all")),
-        won=bool(final.get("won", False)),
+        task_type=end.task_type,
+        won=end.won,
         episode_return=float(episode.get_return()),
         length=len(episode),
         invalid_share=float(np.mean(invalid)) if invalid else 0.0,
-        task_score=None if score is None else float(score),
+        task_score=end.task_score,
         provenance=None if provenance is None else str(provenance),
     )
 
@@ -625,10 +623,10 @@ def invalid_reasons(episode: Any) -> Counter[str]:
     """The invalid steps of a finished episode, counted by reason."""
     if not len(episode):
         return Counter()
-    invalid = episode.get_extra_model_outputs(INVALID)
+    invalid = episode.get_extra_model_outputs(Columns.INVALID)
     why = (
-        episode.get_extra_model_outputs(INVALID_REASON)
-        if INVALID_REASON in episode.extra_model_outputs
+        episode.get_extra_model_outputs(Columns.INVALID_REASON)
+        if Columns.INVALID_REASON in episode.extra_model_outputs
         else ["unknown"] * len(invalid)
     )
     return Counter(str(r) or "unknown" for bad, r in zip(invalid, why, strict=True) if bool(bad))
@@ -664,16 +662,28 @@ class StepDump:
         outputs = episode.extra_model_outputs
         raw = list(episode.get_actions())
         prompt_ids = (
-            list(episode.get_extra_model_outputs(PROMPT_IDS)) if PROMPT_IDS in outputs else [None] * n
+            list(episode.get_extra_model_outputs(Columns.PROMPT_IDS))
+            if Columns.PROMPT_IDS in outputs
+            else [None] * n
         )
         action_ids = (
-            list(episode.get_extra_model_outputs(ACTION_IDS)) if ACTION_IDS in outputs else [None] * n
+            list(episode.get_extra_model_outputs(Columns.ACTION_IDS))
+            if Columns.ACTION_IDS in outputs
+            else [None] * n
         )
-        invalid = list(episode.get_extra_model_outputs(INVALID))
-        why = list(episode.get_extra_model_outputs(INVALID_REASON)) if INVALID_REASON in outputs else [""] * n
-        env_action = list(episode.get_extra_model_outputs(ENV_ACTION)) if ENV_ACTION in outputs else raw
+        invalid = list(episode.get_extra_model_outputs(Columns.INVALID))
+        why = (
+            list(episode.get_extra_model_outputs(Columns.INVALID_REASON))
+            if Columns.INVALID_REASON in outputs
+            else [""] * n
+        )
+        env_action = (
+            list(episode.get_extra_model_outputs(Columns.ENV_ACTION))
+            if Columns.ENV_ACTION in outputs
+            else raw
+        )
         rewards = list(episode.get_rewards())
-        final = episode.get_infos(-1)
+        end = outcome(episode.get_infos(-1))
         for t in range(n):
             ids, out_ids = prompt_ids[t], action_ids[t]
             stop = None
@@ -682,7 +692,7 @@ class StepDump:
             line = {
                 "task_id": int(episode.custom_data.get("task_id", -1)),
                 "member": int(episode.custom_data.get("member", 0)),
-                "task_type": str(final.get("task_type", "all")),
+                TASK_TYPE: end.task_type,
                 "step": t + 1,
                 "prompt": None if ids is None else self.tokenizer.decode(list(ids)),
                 "prompt_tokens": None if ids is None else len(ids),
@@ -694,7 +704,7 @@ class StepDump:
                 "invalid_reason": str(why[t]) if bool(invalid[t]) else "",
                 "reward": float(rewards[t]),
                 "done": t == n - 1,
-                "won": bool(final.get("won", False)),
+                WON: end.won,
             }
             self._handle.write(json.dumps(line) + "\n")
             self.lines += 1

@@ -4,7 +4,7 @@
 methods of ``ray.rllib.core.learner.learner.Learner`` / ``...torch.torch_learner.TorchLearner`` (2.60.0):
 
 - ``_create_iterator_if_necessary``: minibatches that cover the batch once per epoch, the same number on every
-  learner (``sharding``); each row carries its loss weight in the ``ROW_WEIGHT`` column (0 for a stand-in row
+  learner (``sharding``); each row carries its loss weight in the ``Columns.ROW_WEIGHT`` column (0 for a stand-in row
   that only keeps a learner without rows in the collective calls).
 - ``_uncompiled_update``: one optimizer step = for each length-sorted chunk of the minibatch, forward, loss and
   backward before the next chunk's forward (activation memory of one chunk, whatever the minibatch), gradients
@@ -58,7 +58,6 @@ REFERENCE_CACHES = "gagpo_reference_caches"
 
 __all__ = [
     "RLLIB_VERSION",
-    "ROW_WEIGHT",
     "ChunkedModule",
     "ChunkedTorchLearner",
     "RunnerInternals",
@@ -87,11 +86,6 @@ def check_rllib_version(installed: str) -> None:
 
 
 check_rllib_version(ray.__version__)
-
-# Per-row loss weight column: 1 for trained rows, 0 for stand-ins; scaled to N / (rows of the step over all
-# learners) before the loss, so that the learners' summed (DDP: averaged x N) gradients are the step's mean.
-ROW_WEIGHT = Columns.ROW_WEIGHT  # gagpo_rllib.columns; kept for importers
-
 
 def _take(column: Any, idx: np.ndarray) -> Any:
     if isinstance(column, torch.Tensor):

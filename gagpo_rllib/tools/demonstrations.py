@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.protocol import outcome
 from gagpo_rllib.method.seeds import DEMONSTRATION_TASKS_SALT, salted_rng
 
 __all__ = [
@@ -88,13 +89,13 @@ def _replay(env: Any, task_id: int, actions: Sequence[str], *, reset_options: di
         steps.append(DemoStep(str(info["task"]), str(obs), admissible, tuple(history), len(steps), action))
         history.append((str(obs), action))
         obs, _, terminated, truncated, info = env.step(action)
-        won = bool(info.get("won", False))
+        won = outcome(info).won
         if terminated or truncated:
             break
     return Demonstration(
         source=str(info.get("game_file", info.get("goal_asin", task_id))),
         task_id=task_id,
-        task_type=str(info.get("task_type", "all")),
+        task_type=outcome(info).task_type,
         steps=tuple(steps),
         won=won,
         final_observation=str(obs),

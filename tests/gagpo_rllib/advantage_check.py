@@ -6,9 +6,9 @@ from collections import defaultdict
 
 import numpy as np
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages
 from gagpo_rllib.rllib.algorithm import GAGPO
-from gagpo_rllib.rllib.connectors.module_to_env import INVALID
 
 
 def assert_connector_advantages_are_the_engines(algo: GAGPO, episodes: list) -> None:
@@ -16,7 +16,7 @@ def assert_connector_advantages_are_the_engines(algo: GAGPO, episodes: list) -> 
     cfg = algo.config
     cols = defaultdict(list)
     for ep in episodes:
-        invalid = ep.get_extra_model_outputs(INVALID)
+        invalid = ep.get_extra_model_outputs(Columns.INVALID)
         for t in range(len(ep)):
             cols["group_id"].append(ep.custom_data["group_id"])
             cols["episode_id"].append(ep.id_)

@@ -17,11 +17,7 @@ from gagpo_rllib.method.advantages import compute_advantages, critic_gae
 from gagpo_rllib.rllib.connectors.env_to_module import single_module
 from gagpo_rllib.rllib.connectors.grouped_advantages import GroupedAdvantages, StepRows
 
-__all__ = ["CriticAdvantages", "OLD_VALUES", "VALUE_TARGETS"]
-
-# gagpo_rllib.columns; kept for importers.
-OLD_VALUES = Columns.OLD_VALUES
-VALUE_TARGETS = Columns.VALUE_TARGETS
+__all__ = ["CriticAdvantages"]
 
 
 class CriticAdvantages(GroupedAdvantages):

@@ -21,25 +21,8 @@ from envs.protocol import PROMPT_INFO_KEYS, check_info
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.prompting import PromptBuilder, invalid_marker
 
-__all__ = [
-    "ENV_ACTION",
-    "INVALID",
-    "INVALID_REASON",
-    "PromptConnector",
-    "episode_info",
-    "recent_history",
-    "single_module",
-]
+__all__ = ["PromptConnector", "episode_info", "recent_history", "single_module"]
 
-# Per-step extra model outputs: the action string the environment received, whether the answer was invalid and why.
-ENV_ACTION = "env_action"
-INVALID = "invalid"
-INVALID_REASON = "invalid_reason"
-# Per-step extra model outputs: the action string the environment received, whether the answer was invalid and why
-# (gagpo_rllib.columns; kept for importers).
-ENV_ACTION = Columns.ENV_ACTION
-INVALID = Columns.INVALID
-INVALID_REASON = Columns.INVALID_REASON
 _REQUIRED_INFO = ("task", "admissible_actions")
 
 

@@ -17,9 +17,9 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.actions import parse_action
 from gagpo_rllib.policy.rl_module import object_array
-from gagpo_rllib.rllib.connectors.env_to_module import INVALID, INVALID_REASON, episode_info
+from gagpo_rllib.rllib.connectors.env_to_module import episode_info
 
-__all__ = ["INVALID", "INVALID_REASON", "ActionParserConnector"]
+__all__ = ["ActionParserConnector"]
 
 
 class ActionParserConnector(ConnectorV2):

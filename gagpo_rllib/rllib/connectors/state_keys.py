@@ -14,10 +14,7 @@ from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.rl_module import object_array
 from gagpo_rllib.rllib.state_keys import resolve_state_key, state_key_of
 
-__all__ = ["STATE_KEY", "StateKeyConnector"]
-
-# Per-step extra model output holding the step's state key (gagpo_rllib.columns; kept for importers).
-STATE_KEY = Columns.STATE_KEY
+__all__ = ["StateKeyConnector"]
 
 
 class StateKeyConnector(ConnectorV2):

@@ -13,9 +13,8 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs.webshop import WebShopEnv
 from envs.webshop.generator import write_catalogue
-from gagpo_rllib.policy.rl_module import ACTION_IDS
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.algorithm import GAGPO
-from gagpo_rllib.rllib.connectors.module_to_env import INVALID
 from gagpo_rllib.rllib.evaluation import EpisodeRecord, EvalReport, EvalSettings, evaluation_plan, record
 from gagpo_rllib.tools.train import ProgressPrinter
 
@@ -49,7 +48,7 @@ def finished_episode(task_score: float, won: bool, group: int, **info: str) -> S
         reward=10.0 * won,
         infos={"task_score": task_score, "won": won, "task_type": "fashion", **info},
         terminated=True,
-        extra_model_outputs={INVALID: False, ACTION_IDS: np.array([1, 2])},
+        extra_model_outputs={Columns.INVALID: False, Columns.ACTION_IDS: np.array([1, 2])},
     )
     episode.custom_data["group_id"] = group
     return episode

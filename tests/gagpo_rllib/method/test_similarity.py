@@ -13,11 +13,10 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from benchmarks.bench_advantages import make_text_batch
 from gagpo_rllib import GAGPOConfig
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages, grouping_diagnostics
 from gagpo_rllib.method.similarity import anchor_keys
-from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
 from gagpo_rllib.rllib.connectors.grouped_advantages import GroupedAdvantages
-from gagpo_rllib.rllib.connectors.module_to_env import INVALID
 
 A = "You arrive at drawer 3. On the drawer 3, you see a keychain 2, a pen 1, and a creditcard 1."
 B = A.replace("keychain 2", "keychain 1")  # one object id apart
@@ -96,7 +95,12 @@ def _episode(group: int, states: list[str], rewards: list[float]) -> SingleAgent
             reward=r,
             infos={"state_key": states[t + 1]},
             terminated=t == len(rewards) - 1,
-            extra_model_outputs={PROMPT_IDS: [3, 4], ACTION_IDS: [5], ACTION_LOGP: [-0.1], INVALID: False},
+            extra_model_outputs={
+                Columns.PROMPT_IDS: [3, 4],
+                Columns.ACTION_IDS: [5],
+                Columns.ACTION_LOGP: [-0.1],
+                Columns.INVALID: False,
+            },
         )
     ep.custom_data["group_id"] = group
     return ep

@@ -12,10 +12,11 @@ from transformers import AutoModelForCausalLM
 
 from envs.spaces import TextSpace
 from gagpo_rllib import GAGPO, GAGPOConfig
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.logprobs import action_logprobs, cache_keyword
 from gagpo_rllib.policy.lora import merged_state
 from gagpo_rllib.policy.models import load_policy
-from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, ADMISSIBLE, GEN_SEED, PROMPTS, LLMRLModule
+from gagpo_rllib.policy.rl_module import LLMRLModule
 from gagpo_rllib.rllib.config import configure
 from gagpo_rllib.tools.export import export_checkpoint
 from tests.gagpo_rllib.policy.test_rl_module import ADM, _prompts, _train_batch
@@ -71,11 +72,13 @@ def test_reference_is_the_base_with_adapters_disabled_and_equals_a_frozen_copy(
     assert learner_side.lora and learner_side.reference_model is None and learner_side.has_reference
     _move_adapters(learner_side)
     prompts = _prompts(runner_side)
-    out = runner_side.forward_exploration({PROMPTS: prompts, ADMISSIBLE: ADM, GEN_SEED: 3})
+    out = runner_side.forward_exploration(
+        {Columns.PROMPTS: prompts, Columns.ADMISSIBLE: ADM, Columns.GEN_SEED: 3}
+    )
     batch = _train_batch(out, learner_side, True)
     fwd = learner_side.forward_train(batch)
     frozen, _ = load_policy(tiny_policy_path)
-    ids, acts = [list(p) for p in out["prompt_ids"]], [list(a) for a in out[ACTION_IDS]]
+    ids, acts = [list(p) for p in out["prompt_ids"]], [list(a) for a in out[Columns.ACTION_IDS]]
     masks = None
     from gagpo_rllib.policy.rl_module import unpad_token_batch
 
@@ -108,9 +111,11 @@ def test_runner_state_is_the_merged_policy_and_checkpoint_state_the_adapters(tin
     assert set(synced) == {f"model.{k}" for k in runner_side.model.state_dict()}  # plain HF names
     runner_side.set_state(synced)
     prompts = _prompts(runner_side)
-    out = runner_side.forward_exploration({PROMPTS: prompts, ADMISSIBLE: ADM, GEN_SEED: 4})
+    out = runner_side.forward_exploration(
+        {Columns.PROMPTS: prompts, Columns.ADMISSIBLE: ADM, Columns.GEN_SEED: 4}
+    )
     fwd = learner_side.forward_train(_train_batch(out, learner_side, True))
-    for i, lp in enumerate(out[ACTION_LOGP]):
+    for i, lp in enumerate(out[Columns.ACTION_LOGP]):
         torch.testing.assert_close(fwd["logp"][i, : len(lp)].detach(), torch.tensor(lp), atol=1e-5, rtol=0)
     saved = learner_side.get_state()
     assert saved and all(".lora_" in k for k in saved)
@@ -134,7 +139,9 @@ def test_learner_forwards_run_the_hf_model_with_its_cache_keyword_and_checkpoint
     assert cache_keyword(module.model) == cache_keyword(plain)
     _move_adapters(module)
     runner_side = _module(tiny_policy_path, inference_only=True)
-    out = runner_side.forward_exploration({PROMPTS: _prompts(runner_side), ADMISSIBLE: ADM, GEN_SEED: 7})
+    out = runner_side.forward_exploration(
+        {Columns.PROMPTS: _prompts(runner_side), Columns.ADMISSIBLE: ADM, Columns.GEN_SEED: 7}
+    )
     batch = _train_batch(out, module, True)
     shared = module.forward_train(batch)["logp"]
     checkpointed = _module(tiny_policy_path, inference_only=False, gradient_checkpointing=True)

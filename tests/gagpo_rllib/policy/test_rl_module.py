@@ -7,21 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from ray.rllib.core.columns import Columns
+from ray.rllib.core.columns import Columns as RLlibColumns
 
 from envs.spaces import TextSpace
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.generation.constraints import action_token_ids
 from gagpo_rllib.policy.logprobs import cache_keyword
-from gagpo_rllib.policy.rl_module import (
-    ACTION_IDS,
-    ACTION_LOGP,
-    ADMISSIBLE,
-    GEN_SEED,
-    PROMPT_IDS,
-    PROMPTS,
-    LLMRLModule,
-    unpad_token_batch,
-)
+from gagpo_rllib.policy.rl_module import LLMRLModule, unpad_token_batch
 
 ADM = [["go left", "go right"], ["look", "take key", "go left"], ["open door"]]
 
@@ -53,7 +45,7 @@ def _train_batch(out: dict, module: LLMRLModule, constrained: bool, admissible: 
     from gagpo_rllib.policy.generation.constraints import allowed_token_masks
     from gagpo_rllib.rllib.connectors.grouped_advantages import _pad
 
-    prompts, actions = list(out[PROMPT_IDS]), list(out[ACTION_IDS])
+    prompts, actions = list(out[Columns.PROMPT_IDS]), list(out[Columns.ACTION_IDS])
     pw, aw = max(map(len, prompts)), max(map(len, actions))
     batch = {
         "prompt_ids": _pad(prompts, pw, module.pad_token_id, torch.long, left=True),
@@ -78,15 +70,17 @@ def test_train_logprobs_equal_behaviour_logprobs(tiny_policy_path: Path, constra
     runner_side = _module(tiny_policy_path, inference_only=True, constrained=constrained)
     learner_side = _module(tiny_policy_path, inference_only=False, constrained=constrained)
     prompts = _prompts(runner_side)
-    out = runner_side.forward_exploration({PROMPTS: prompts, ADMISSIBLE: ADM, GEN_SEED: 5})
-    assert isinstance(out[Columns.ACTIONS], np.ndarray) and out[Columns.ACTIONS].dtype == object
-    for p, ids in zip(prompts, out[PROMPT_IDS], strict=True):
+    out = runner_side.forward_exploration(
+        {Columns.PROMPTS: prompts, Columns.ADMISSIBLE: ADM, Columns.GEN_SEED: 5}
+    )
+    assert isinstance(out[RLlibColumns.ACTIONS], np.ndarray) and out[RLlibColumns.ACTIONS].dtype == object
+    for p, ids in zip(prompts, out[Columns.PROMPT_IDS], strict=True):
         assert ids == runner_side.tokenizer(p, add_special_tokens=False)["input_ids"]
     if constrained:
-        for adm, ids, text in zip(ADM, out[ACTION_IDS], out[Columns.ACTIONS], strict=True):
+        for adm, ids, text in zip(ADM, out[Columns.ACTION_IDS], out[RLlibColumns.ACTIONS], strict=True):
             assert ids in action_token_ids(runner_side.tokenizer, adm) and text in adm
     fwd = learner_side.forward_train(_train_batch(out, learner_side, constrained))
-    for i, lp in enumerate(out[ACTION_LOGP]):
+    for i, lp in enumerate(out[Columns.ACTION_LOGP]):
         n = len(lp)
         torch.testing.assert_close(fwd["logp"][i, :n].detach(), torch.tensor(lp), atol=1e-5, rtol=0)
         torch.testing.assert_close(fwd["ref_logp"][i, :n], torch.tensor(lp), atol=1e-5, rtol=0)
@@ -97,9 +91,9 @@ def test_train_logprobs_equal_behaviour_logprobs(tiny_policy_path: Path, constra
 def test_same_seed_same_sample_and_reference_stays_out_of_state(tiny_policy_path: Path) -> None:
     runner_side = _module(tiny_policy_path, inference_only=True)
     prompts = _prompts(runner_side)
-    a = runner_side.forward_exploration({PROMPTS: prompts, GEN_SEED: 11})
-    b = runner_side.forward_exploration({PROMPTS: prompts, GEN_SEED: 11})
-    assert list(a[ACTION_IDS]) == list(b[ACTION_IDS])
+    a = runner_side.forward_exploration({Columns.PROMPTS: prompts, Columns.GEN_SEED: 11})
+    b = runner_side.forward_exploration({Columns.PROMPTS: prompts, Columns.GEN_SEED: 11})
+    assert list(a[Columns.ACTION_IDS]) == list(b[Columns.ACTION_IDS])
     assert runner_side.reference_model is None
     learner_side = _module(tiny_policy_path, inference_only=False)
     assert learner_side.reference_model is not None
@@ -113,15 +107,15 @@ def test_set_state_moves_the_sampling_policy(tiny_policy_path: Path) -> None:
     runner_side = _module(tiny_policy_path, inference_only=True)
     learner_side = _module(tiny_policy_path, inference_only=False)
     prompts = _prompts(runner_side)
-    before = runner_side.forward_exploration({PROMPTS: prompts, GEN_SEED: 2})
+    before = runner_side.forward_exploration({Columns.PROMPTS: prompts, Columns.GEN_SEED: 2})
     with torch.no_grad():
         for p in learner_side.model.parameters():
             p.add_(torch.randn_like(p))
     runner_side.set_state(learner_side.get_state(inference_only=True))
     for k, v in learner_side.model.state_dict().items():
         torch.testing.assert_close(runner_side.model.state_dict()[k], v)
-    after = runner_side.forward_exploration({PROMPTS: prompts, GEN_SEED: 2})
-    assert list(before[ACTION_LOGP]) != list(after[ACTION_LOGP])
+    after = runner_side.forward_exploration({Columns.PROMPTS: prompts, Columns.GEN_SEED: 2})
+    assert list(before[Columns.ACTION_LOGP]) != list(after[Columns.ACTION_LOGP])
     # The reference keeps the initial weights.
     ref = learner_side.reference_model.state_dict()
     assert any(not torch.equal(ref[k], v) for k, v in learner_side.model.state_dict().items())
@@ -170,7 +164,9 @@ def test_repeated_rows_are_forwarded_once_with_the_whole_batch_values_and_gradie
 
     runner_side = _module(tiny_policy_path, inference_only=True, constrained=constrained)
     learner_side = _module(tiny_policy_path, inference_only=False, constrained=constrained)
-    out = runner_side.forward_exploration({PROMPTS: _prompts(runner_side), ADMISSIBLE: ADM, GEN_SEED: 3})
+    out = runner_side.forward_exploration(
+        {Columns.PROMPTS: _prompts(runner_side), Columns.ADMISSIBLE: ADM, Columns.GEN_SEED: 3}
+    )
     rows = [0, 1, 0, 2, 1, 0, 0]
     batch = _repeat_rows(_train_batch(out, learner_side, constrained), rows)
     seen, hook = _rows_forwarded(learner_side.model)
@@ -204,7 +200,7 @@ def test_repeated_rows_are_forwarded_once_with_the_whole_batch_values_and_gradie
 def test_reference_log_probs_of_rows_seen_before_come_from_the_cache(tiny_policy_path: Path) -> None:
     runner_side = _module(tiny_policy_path, inference_only=True)
     learner_side = _module(tiny_policy_path, inference_only=False)
-    out = runner_side.forward_exploration({PROMPTS: _prompts(runner_side), GEN_SEED: 4})
+    out = runner_side.forward_exploration({Columns.PROMPTS: _prompts(runner_side), Columns.GEN_SEED: 4})
     batch = _train_batch(out, learner_side, constrained=False)
     first = learner_side.forward_train(_repeat_rows(batch, [0, 1]))
     assert float(first["reference_cache_hit_share"]) == 0.0
@@ -235,7 +231,10 @@ def test_a_prompt_shared_by_several_actions_is_forwarded_once(tiny_policy_path: 
     prompt = tok(_prompts(learner_side)[1], add_special_tokens=False)["input_ids"]
     other = tok(_prompts(learner_side)[0], add_special_tokens=False)["input_ids"]
     acts = action_token_ids(tok, ADM[1])  # three actions from one state
-    out = {PROMPT_IDS: [prompt, prompt, prompt, other], ACTION_IDS: [acts[0], acts[1], acts[2], acts[1]]}
+    out = {
+        Columns.PROMPT_IDS: [prompt, prompt, prompt, other],
+        Columns.ACTION_IDS: [acts[0], acts[1], acts[2], acts[1]],
+    }
     batch = _train_batch(out, learner_side, constrained=True, admissible=[ADM[1]] * 4)
     seen, hook = _rows_forwarded(learner_side.model)
     fwd = learner_side.forward_train(batch)

@@ -9,11 +9,10 @@ import numpy as np
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from envs.spaces import TextSpace
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages
-from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
 from gagpo_rllib.rllib.algorithm import reward_signal_shares
 from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows
-from gagpo_rllib.rllib.connectors.module_to_env import INVALID, INVALID_REASON
 
 
 def _episode(group: int, rewards: list[float], invalid: list[bool], won: bool = False) -> SingleAgentEpisode:
@@ -28,11 +27,11 @@ def _episode(group: int, rewards: list[float], invalid: list[bool], won: bool = 
             infos={"state_key": f"s{t + 1}", "won": won and last},
             terminated=last,
             extra_model_outputs={
-                INVALID: bad,
-                INVALID_REASON: "no_action_tag" if bad else "",
-                PROMPT_IDS: [1, 2],
-                ACTION_IDS: [3],
-                ACTION_LOGP: [-0.5],
+                Columns.INVALID: bad,
+                Columns.INVALID_REASON: "no_action_tag" if bad else "",
+                Columns.PROMPT_IDS: [1, 2],
+                Columns.ACTION_IDS: [3],
+                Columns.ACTION_LOGP: [-0.5],
             },
         )
     ep.custom_data["group_id"] = group

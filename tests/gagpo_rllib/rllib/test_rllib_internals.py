@@ -12,11 +12,11 @@ import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.logprobs import checkpointing
 from gagpo_rllib.rllib.config import configure
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
 from gagpo_rllib.rllib.plans import task_plan
-from gagpo_rllib.rllib.rllib_internals import ROW_WEIGHT
 from tests.gagpo_rllib.tolerances import assert_equal_sums, token_positions
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
 
@@ -93,7 +93,7 @@ def test_chunked_backward_gives_the_one_shot_gradient_with_one_chunks_activation
     batch = config.grouped_advantages()(rl_module=chunked.module, batch={}, episodes=episodes)[
         DEFAULT_MODULE_ID
     ]
-    batch[ROW_WEIGHT] = torch.ones(len(batch["advantages"]))
+    batch[Columns.ROW_WEIGHT] = torch.ones(len(batch["advantages"]))
     chunks = chunked.module[DEFAULT_MODULE_ID].train_chunks(batch)
     assert len(chunks) >= 8
     # The K rollouts of a group share their first prompt: some chunks hold several rows of one prompt.

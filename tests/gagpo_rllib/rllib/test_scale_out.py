@@ -19,6 +19,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 import tests.gagpo_rllib.toy_env as toy_env
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages
 from gagpo_rllib.rllib.algorithm import GAGPO
 from gagpo_rllib.rllib.connectors.grouped_advantages import (
@@ -28,7 +29,6 @@ from gagpo_rllib.rllib.connectors.grouped_advantages import (
 )
 from gagpo_rllib.rllib.learner import NONFINITE_SKIPPED, GAGPOTorchLearner
 from gagpo_rllib.rllib.plans import task_plan
-from gagpo_rllib.rllib.rllib_internals import ROW_WEIGHT
 from gagpo_rllib.rllib.sharding import GroupShardedTrainingData
 from tests.gagpo_rllib.tolerances import assert_equal_sums, token_positions
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
@@ -58,7 +58,7 @@ class RecordingLearner(GAGPOTorchLearner):
     def _uncompiled_update(self, batch, **kwargs):
         if getattr(self, "records", None):
             ((_, rows),) = batch.items()
-            self.records[-1]["steps"].append(int((rows[ROW_WEIGHT] > 0).sum()))
+            self.records[-1]["steps"].append(int((rows[Columns.ROW_WEIGHT] > 0).sum()))
             chunks = self.module[DEFAULT_MODULE_ID].unwrapped().train_chunks(rows)
             self.records[-1]["chunks"].append(len(chunks))
         return super()._uncompiled_update(batch, **kwargs)

@@ -10,10 +10,9 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from envs.maze import MazeEnv
 from gagpo_rllib import GAGPOConfig
-from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.config import configure
 from gagpo_rllib.rllib.connectors.grouped_advantages import stamp_training_groups, trains
-from gagpo_rllib.rllib.connectors.module_to_env import INVALID
 from gagpo_rllib.rllib.sharding import (
     GroupShardedTrainingData,
     assign_groups,
@@ -31,10 +30,10 @@ def _episode(group_id: int, member: int, rewards: list[float]) -> SingleAgentEpi
         rewards=rewards,
         infos=[{"state_key": f"{group_id}:{t}"} for t in range(n + 1)],
         extra_model_outputs={
-            INVALID: [False] * n,
-            PROMPT_IDS: [[1]] * n,
-            ACTION_IDS: [[2]] * n,
-            ACTION_LOGP: [[-1.0]] * n,
+            Columns.INVALID: [False] * n,
+            Columns.PROMPT_IDS: [[1]] * n,
+            Columns.ACTION_IDS: [[2]] * n,
+            Columns.ACTION_LOGP: [[-1.0]] * n,
         },
         terminated=True,
         len_lookback_buffer=0,

@@ -10,12 +10,10 @@ import pytest
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from gagpo_rllib import GAGPOConfig
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages
-from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
-from gagpo_rllib.rllib.connectors.env_to_module import ENV_ACTION
 from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows
-from gagpo_rllib.rllib.connectors.module_to_env import INVALID
-from gagpo_rllib.rllib.connectors.state_keys import STATE_KEY, StateKeyConnector
+from gagpo_rllib.rllib.connectors.state_keys import StateKeyConnector
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner, PlannedEpisode
 from gagpo_rllib.rllib.state_keys import HistoryKey, episode_state_keys, normalize_text, resolve_state_key
 from tests.gagpo_rllib.toy_env import make_config
@@ -46,7 +44,7 @@ def play(state_key: str, history: int = 1) -> list:
         ep.custom_data["group_id"] = 0
         ep.add_env_reset(observation=states[0], infos={"state_key": states[0]})
         for t, action in enumerate(actions):
-            out = connector(rl_module=None, batch={ENV_ACTION: [action]}, episodes=[ep])
+            out = connector(rl_module=None, batch={Columns.ENV_ACTION: [action]}, episodes=[ep])
             last = t == len(actions) - 1
             ep.add_env_step(
                 observation=states[t + 1],
@@ -55,12 +53,12 @@ def play(state_key: str, history: int = 1) -> list:
                 infos={"state_key": states[t + 1]},
                 terminated=last,
                 extra_model_outputs={
-                    STATE_KEY: out[STATE_KEY][0],
-                    ENV_ACTION: action,
-                    INVALID: False,
-                    PROMPT_IDS: [1],
-                    ACTION_IDS: [2],
-                    ACTION_LOGP: [-0.5],
+                    Columns.STATE_KEY: out[Columns.STATE_KEY][0],
+                    Columns.ENV_ACTION: action,
+                    Columns.INVALID: False,
+                    Columns.PROMPT_IDS: [1],
+                    Columns.ACTION_IDS: [2],
+                    Columns.ACTION_LOGP: [-0.5],
                 },
             )
         episodes.append(ep)
@@ -141,7 +139,7 @@ def test_env_runner_stores_the_keys_and_the_learner_rows_get_them_unchanged(tiny
     rows = episode_rows(episodes, invalid_penalty=0.1)
     expected = []
     for ep in episodes:
-        infos, actions = ep.get_infos(), list(ep.get_extra_model_outputs(ENV_ACTION))
+        infos, actions = ep.get_infos(), list(ep.get_extra_model_outputs(Columns.ENV_ACTION))
         for t in range(len(ep)):
             expected.append((infos[t]["state_key"], *actions[max(0, t - 2) : t]))
     assert rows.state_key == expected

@@ -10,8 +10,8 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from transformers import AutoTokenizer
 
 from envs.spaces import TextSpace
-from gagpo_rllib.policy.rl_module import ADMISSIBLE, PROMPTS
-from gagpo_rllib.rllib.connectors.env_to_module import ENV_ACTION, PromptConnector, recent_history
+from gagpo_rllib.columns import Columns
+from gagpo_rllib.rllib.connectors.env_to_module import PromptConnector, recent_history
 
 FIRST = "FIRST task={task} step={step} obs={observation} acts=[{admissible_actions}]"
 LATER = "LATER task={task} step={step} H={history_length} hist=[{history}] obs={observation} acts=[{admissible_actions}]"
@@ -30,7 +30,7 @@ def _episode(steps: int) -> SingleAgentEpisode:
             action=f"<action>act{t - 1}</action>",
             reward=0.0,
             infos=_info(t),
-            extra_model_outputs={ENV_ACTION: f"act{t - 1}"},
+            extra_model_outputs={Columns.ENV_ACTION: f"act{t - 1}"},
         )
     return ep
 
@@ -52,14 +52,14 @@ def test_prompts_per_episode(module: SimpleNamespace) -> None:
     conn = PromptConnector(first_template=FIRST, template=LATER, history_length=2)
     episodes = [_episode(0), _episode(3)]
     batch = conn(rl_module=module, batch={}, episodes=episodes)
-    first, later = batch[PROMPTS]
+    first, later = batch[Columns.PROMPTS]
     assert first.startswith("<|im_start|>user\n") and first.endswith("<|im_start|>assistant\n")
     assert "FIRST task=find the key step=0 obs=obs0" in first and "a0\nb0" in first
     assert "LATER" in later and "step=3" in later and "obs=obs3" in later and "a3\nb3" in later
     # Only the last two (observation, action) pairs are shown, with the action the env received.
     assert "act1" in later and "act2" in later and "obs1" in later
     assert "act0" not in later and "obs0" not in later and "<action>" not in later
-    assert batch[ADMISSIBLE] == [["a0", "b0"], ["a3", "b3"]]
+    assert batch[Columns.ADMISSIBLE] == [["a0", "b0"], ["a3", "b3"]]
 
 
 def test_missing_info_key_names_it(module: SimpleNamespace) -> None:

@@ -17,14 +17,12 @@ from envs.spaces import TextSpace
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages
 from gagpo_rllib.policy.generation.constraints import action_token_ids, allowed_token_masks
-from gagpo_rllib.policy.rl_module import ACTION_IDS, ACTION_LOGP, PROMPT_IDS
 from gagpo_rllib.rllib.connectors.grouped_advantages import (
     GroupedAdvantages,
     episode_rows,
     stamp_training_groups,
     uniform_groups,
 )
-from gagpo_rllib.rllib.connectors.module_to_env import INVALID
 
 ADMISSIBLE = ["go left", "go right", "look"]
 
@@ -52,10 +50,10 @@ def _episode(module, group: int, states: list[str], rewards: list[float], invali
             infos={**info, "state_key": states[t + 1]},
             terminated=t == len(rewards) - 1,
             extra_model_outputs={
-                PROMPT_IDS: prompt,
-                ACTION_IDS: act,
-                ACTION_LOGP: (-rng.random(len(act))).tolist(),
-                INVALID: invalid[t],
+                Columns.PROMPT_IDS: prompt,
+                Columns.ACTION_IDS: act,
+                Columns.ACTION_LOGP: (-rng.random(len(act))).tolist(),
+                Columns.INVALID: invalid[t],
             },
         )
     ep.custom_data["group_id"] = group
@@ -76,7 +74,7 @@ def episodes(module) -> list[SingleAgentEpisode]:
 def _expected(episodes, estimator: str, penalty: float) -> np.ndarray:
     cols = {"group_id": [], "episode_id": [], "reward": [], "state_key": []}
     for ep in episodes:
-        inv = ep.get_extra_model_outputs(INVALID)
+        inv = ep.get_extra_model_outputs(Columns.INVALID)
         for t in range(len(ep)):
             cols["group_id"].append(ep.custom_data["group_id"])
             cols["episode_id"].append(ep.id_)

@@ -6,13 +6,13 @@ import random
 
 import numpy as np
 import pytest
-from ray.rllib.core.columns import Columns
+from ray.rllib.core.columns import Columns as RLlibColumns
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from envs.spaces import TextSpace
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.rl_module import object_array
-from gagpo_rllib.rllib.connectors.env_to_module import ENV_ACTION
-from gagpo_rllib.rllib.connectors.module_to_env import INVALID, INVALID_REASON, ActionParserConnector
+from gagpo_rllib.rllib.connectors.module_to_env import ActionParserConnector
 
 ADMISSIBLE = ["go north", "take key"]
 
@@ -28,7 +28,9 @@ def _episodes(n: int) -> list[SingleAgentEpisode]:
 
 def _run(texts: list, constrained: bool = False) -> dict:
     conn = ActionParserConnector(constrained=constrained)
-    return conn(rl_module=None, batch={Columns.ACTIONS: object_array(texts)}, episodes=_episodes(len(texts)))
+    return conn(
+        rl_module=None, batch={RLlibColumns.ACTIONS: object_array(texts)}, episodes=_episodes(len(texts))
+    )
 
 
 def _adversarial(rng: random.Random) -> str:
@@ -57,10 +59,10 @@ def _adversarial(rng: random.Random) -> str:
 
 def test_valid_free_answers_give_the_action() -> None:
     out = _run(["<think>north is open</think><action>Go North</action>", "<action> take key </action>"])
-    assert list(out[Columns.ACTIONS_FOR_ENV]) == ["go north", "take key"]
-    assert list(out[ENV_ACTION]) == ["go north", "take key"]
-    assert not out[INVALID].any()
-    assert list(out[INVALID_REASON]) == ["", ""]
+    assert list(out[RLlibColumns.ACTIONS_FOR_ENV]) == ["go north", "take key"]
+    assert list(out[Columns.ENV_ACTION]) == ["go north", "take key"]
+    assert not out[Columns.INVALID].any()
+    assert list(out[Columns.INVALID_REASON]) == ["", ""]
 
 
 def test_thousand_random_and_adversarial_outputs_never_raise() -> None:
@@ -78,31 +80,31 @@ def test_thousand_random_and_adversarial_outputs_never_raise() -> None:
         "\U0001f600<action>\u00e9</action",
     ]
     out = _run(texts)
-    assert out[INVALID].dtype == bool and len(out[INVALID]) == 1000
-    actions = out[Columns.ACTIONS_FOR_ENV]
+    assert out[Columns.INVALID].dtype == bool and len(out[Columns.INVALID]) == 1000
+    actions = out[RLlibColumns.ACTIONS_FOR_ENV]
     assert all(isinstance(a, str) for a in actions)
     # Every answer flagged invalid has a reason; every invalid action is cut to the limit.
-    for a, bad, reason in zip(actions, out[INVALID], out[INVALID_REASON], strict=True):
+    for a, bad, reason in zip(actions, out[Columns.INVALID], out[Columns.INVALID_REASON], strict=True):
         assert bool(reason) == bool(bad)
         assert len(a) <= 200
     # The fixed adversarial cases are all invalid.
-    assert out[INVALID][:8].all()
-    assert out[INVALID].sum() > 900
+    assert out[Columns.INVALID][:8].all()
+    assert out[Columns.INVALID].sum() > 900
 
 
 def test_constrained_mode_checks_admissibility() -> None:
     out = _run(["go north", "go nor", "", "Take Key"], constrained=True)
-    assert list(out[INVALID]) == [False, True, True, True]
-    assert out[Columns.ACTIONS_FOR_ENV][0] == "go north"
+    assert list(out[Columns.INVALID]) == [False, True, True, True]
+    assert out[RLlibColumns.ACTIONS_FOR_ENV][0] == "go north"
 
 
 def test_length_mismatch_is_an_error() -> None:
     conn = ActionParserConnector()
     with pytest.raises(ValueError, match="actions for"):
-        conn(rl_module=None, batch={Columns.ACTIONS: object_array(["a", "b"])}, episodes=_episodes(1))
+        conn(rl_module=None, batch={RLlibColumns.ACTIONS: object_array(["a", "b"])}, episodes=_episodes(1))
 
 
 def test_non_string_outputs_are_invalid() -> None:
     out = _run([None, 3, b"bytes"])
-    assert out[INVALID].tolist() == [True, True, True]
-    assert isinstance(out[INVALID], np.ndarray)
+    assert out[Columns.INVALID].tolist() == [True, True, True]
+    assert isinstance(out[Columns.INVALID], np.ndarray)

@@ -11,14 +11,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from ray.rllib.core.columns import Columns
+from ray.rllib.core.columns import Columns as RLlibColumns
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from transformers import AutoTokenizer
 
 from envs.spaces import TextSpace
 from gagpo_rllib import GAGPOConfig
+from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.prompting import invalid_marker
-from gagpo_rllib.policy.rl_module import PROMPTS, object_array
+from gagpo_rllib.policy.rl_module import object_array
 from gagpo_rllib.rllib.connectors.env_to_module import PromptConnector
 from gagpo_rllib.rllib.connectors.module_to_env import ActionParserConnector
 
@@ -66,11 +67,11 @@ def test_three_step_history_with_an_invalid_answer(env_name: str, module: Simple
     sent = []
     for t in range(3):
         batch = prompts(rl_module=module, batch={}, episodes=[episode])
-        assert f"tep {t + 1}" in batch[PROMPTS][0]
+        assert f"tep {t + 1}" in batch[Columns.PROMPTS][0]
         raw = GARBAGE if t == 1 else _answer(episode.get_infos(-1), env_name)
-        out = parser(rl_module=module, batch={Columns.ACTIONS: object_array([raw])}, episodes=[episode])
-        action = out.pop(Columns.ACTIONS_FOR_ENV)[0]
-        out.pop(Columns.ACTIONS)
+        out = parser(rl_module=module, batch={RLlibColumns.ACTIONS: object_array([raw])}, episodes=[episode])
+        action = out.pop(RLlibColumns.ACTIONS_FOR_ENV)[0]
+        out.pop(RLlibColumns.ACTIONS)
         sent.append(action)
         obs, reward, terminated, truncated, info = env.step(action)
         assert not (terminated or truncated)
@@ -81,7 +82,7 @@ def test_three_step_history_with_an_invalid_answer(env_name: str, module: Simple
             infos=info,
             extra_model_outputs={k: v[0] for k, v in out.items()},
         )
-    prompt = prompts(rl_module=module, batch={}, episodes=[episode])[PROMPTS][0]
+    prompt = prompts(rl_module=module, batch={}, episodes=[episode])[Columns.PROMPTS][0]
     marker = invalid_marker("no_action_tag")
     # The invalid answer is a short marker; neither the raw text nor any piece of it comes back.
     assert f"[Action 2: {marker}]" in prompt
@@ -113,5 +114,7 @@ def test_system_prompt_replaces_the_template_default(module: SimpleNamespace) ->
     own = PromptConnector(first_template=first, template=later, system_prompt="You solve mazes.")(
         rl_module=module, batch={}, episodes=[episode]
     )
-    assert "You solve mazes." not in plain[PROMPTS][0]
-    assert own[PROMPTS][0].startswith("<|im_start|>system\nYou solve mazes.<|im_end|>\n<|im_start|>user\n")
+    assert "You solve mazes." not in plain[Columns.PROMPTS][0]
+    assert own[Columns.PROMPTS][0].startswith(
+        "<|im_start|>system\nYou solve mazes.<|im_end|>\n<|im_start|>user\n"
+    )
