@@ -39,8 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gagpo_rllib.method.loss import gagpo_policy_loss  # noqa: E402
-from gagpo_rllib.policy.logprobs import action_logprobs, slice_tokens_for  # noqa: E402
-from gagpo_rllib.policy.unique_rows import length_chunks, token_chunks  # noqa: E402
+from gagpo_rllib.policy.logprobs import action_logprobs, length_chunks, slice_tokens_for, token_chunks  # noqa: E402  # noqa: E402
 
 # Qwen2 shapes (random init): a CPU-sized one with the real vocabulary, and the paper's.
 SHAPES = {

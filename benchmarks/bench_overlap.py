@@ -75,7 +75,7 @@ def length_spread_policy(root: Path, cap: int, seed: int = 0) -> tuple[Path, flo
     import torch
 
     from gagpo_rllib.policy.generation import HFGenerationBackend, SamplingConfig
-    from gagpo_rllib.policy.generation.constraints import end_token_id
+    from gagpo_rllib.policy.generation.base import end_token_id
     from gagpo_rllib.policy.models import build_tiny_policy, load_policy
 
     base = build_tiny_policy(

@@ -23,10 +23,9 @@ import torch
 from envs.maze import MazeEnv
 from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.policy.models import build_tiny_policy
-from gagpo_rllib.rllib.connectors.grouped_advantages import stamp_training_groups
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
-from gagpo_rllib.rllib.plans import task_plan
-from gagpo_rllib.rllib.sharding import GroupShardedTrainingData
+from gagpo_rllib.rllib.group_sampling import task_plan
+from gagpo_rllib.rllib.groups import GroupShardedTrainingData, stamp_training_groups
 
 ENV_CONFIG = {"split": "train", "num_tasks": 8}
 

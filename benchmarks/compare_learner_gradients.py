@@ -40,7 +40,7 @@ def sample(work: Path) -> None:
     """The tiny policy and one iteration's episodes per decoding mode, pickled into ``work``."""
     from gagpo_rllib.policy.models import build_tiny_policy
     from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
-    from gagpo_rllib.rllib.plans import task_plan
+    from gagpo_rllib.rllib.group_sampling import task_plan
 
     build_tiny_policy(work / "policy", seed=0)
     for constrained in (True, False):

@@ -3,7 +3,7 @@
 For each env the script samples the CPU default's first iteration (``tuned_examples/gagpo_<env>.py``: the tiny
 policy, constrained decoding, 4 task instances x 4 rollouts; ALFWorld on the bundled train games without the warm
 start unless ``--warm-start``, WebShop on the bundled catalogue) on a local EnvRunner, then computes every step's
-key under each choice (``gagpo_rllib.rllib.state_keys``: env, normalized, history with H = 2) and with similarity
+key under each choice (``gagpo_rllib.rllib.connectors.rollout``: env, normalized, history with H = 2) and with similarity
 grouping of the env keys (``gagpo_rllib.method.similarity``, thresholds 0.95 and 0.9), all from the same episodes, and
 prints ``grouping_diagnostics`` of each: the share of steps whose state is seen once in its group (the paper
 reports about 45% on ALFWorld and 34% on WebShop under exact matching, for trained 1.5B policies), the number of
@@ -24,10 +24,10 @@ import numpy as np
 
 from gagpo_rllib.method.advantages import grouping_diagnostics
 from gagpo_rllib.method.similarity import anchor_keys
-from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows
+from gagpo_rllib.rllib.connectors.rollout import episode_state_keys, resolve_state_key
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
-from gagpo_rllib.rllib.plans import derive_seed, task_plan
-from gagpo_rllib.rllib.state_keys import episode_state_keys, resolve_state_key
+from gagpo_rllib.rllib.group_sampling import derive_seed, task_plan
+from gagpo_rllib.rllib.groups import episode_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 CHOICES = ("env", "normalized", "history")

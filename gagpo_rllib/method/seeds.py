@@ -2,7 +2,7 @@
 
 It lives in ``method`` because this layer imports nothing else of ours (numpy only) and every other layer may
 import it: ``method.stats`` (bootstrap), ``policy`` (per-row generation seeds), ``rllib`` (task plans, episode
-seeds: see ``gagpo_rllib.rllib.plans``) and ``tools`` (demonstrations, SFT). A salt keeps one draw's random
+seeds: see ``gagpo_rllib.rllib.group_sampling``) and ``tools`` (demonstrations, SFT). A salt keeps one draw's random
 stream apart from every other draw made from the same user seed; the values are fixed, since changing one changes
 which tasks, episodes and samples a seed gives.
 """

@@ -26,9 +26,15 @@ from ray.rllib.core.rl_module.apis.inference_only_api import InferenceOnlyAPI
 from torch import Tensor, nn
 
 from gagpo_rllib.columns import Columns
-from gagpo_rllib.policy.logprobs import last_mlp_only_on_last_column, left_pad, padded_positions
+from gagpo_rllib.policy.logprobs import (
+    back_in_order,
+    last_mlp_only_on_last_column,
+    left_pad,
+    length_chunks,
+    padded_positions,
+    unique_rows,
+)
 from gagpo_rllib.policy.rl_module import LLMRLModule, unpad_token_batch
-from gagpo_rllib.policy.unique_rows import back_in_order, length_chunks, unique_rows
 
 __all__ = ["CriticRLModule", "ValueHead", "last_token_hidden"]
 

@@ -39,7 +39,18 @@ from ray.rllib.utils.numpy import convert_to_numpy
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.distributed import agree_max
 from gagpo_rllib.policy.generation.base import GenerationBackend, SamplingConfig
-from gagpo_rllib.policy.logprobs import LAYOUTS, action_logprobs, checkpointing, shared_prompt_logprobs
+from gagpo_rllib.policy.logprobs import (
+    LAYOUTS,
+    ReferenceLogprobCache,
+    action_logprobs,
+    back_in_order,
+    checkpointing,
+    row_keys,
+    row_keys_of,
+    shared_prompt_logprobs,
+    token_chunks,
+    unique_rows,
+)
 from gagpo_rllib.policy.lora import (
     VLLM_LORA_RANKS,
     adapters_disabled,
@@ -48,8 +59,6 @@ from gagpo_rllib.policy.lora import (
     trainable_names,
 )
 from gagpo_rllib.policy.models import load_policy
-from gagpo_rllib.policy.reference_cache import ReferenceLogprobCache
-from gagpo_rllib.policy.unique_rows import back_in_order, row_keys, row_keys_of, token_chunks, unique_rows
 
 logger = logging.getLogger(__name__)
 
@@ -356,7 +365,7 @@ class LLMRLModule(TorchRLModule):
     def _train_outputs(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Current log-probs (with grad), reference log-probs (no grad) and entropy of the action tokens.
 
-        The forwards run once per distinct row (``gagpo_rllib.policy.unique_rows``), in length-sorted chunks of at most
+        The forwards run once per distinct row (``gagpo_rllib.policy.logprobs``), in length-sorted chunks of at most
         ``train_chunk_tokens`` tokens, and the results are gathered back to the batch's rows; reference values of
         rows seen in an earlier update come from ``reference_cache``.
         """

@@ -9,6 +9,7 @@ iterations while the learners update (``take_rollout``, ``gagpo_rllib.rllib.roll
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
     ENV_RUNNER_SAMPLING_TIMER,
@@ -29,19 +31,30 @@ from ray.rllib.utils.metrics import (
 from envs.protocol import outcome
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.config import GAGPOConfig
-from gagpo_rllib.rllib.connectors.grouped_advantages import (
+from gagpo_rllib.rllib.engine_sleep import rollout_engines_asleep
+from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats
+from gagpo_rllib.rllib.group_sampling import (
+    EXTRA_GROUP_ID_BASE,
+    GroupSample,
+    ask_env_runner,
+    extra_plan,
+    sample_whole_groups,
+    split_plan,
+    task_plan,
+)
+from gagpo_rllib.rllib.groups import (
+    DynamicSample,
+    GroupShardedTrainingData,
+    TrainingGroups,
     episode_rows,
+    fill_informative_groups,
+    reward_signal_shares,
     stamp_training_groups,
     uniform_groups,
 )
-from gagpo_rllib.rllib.dynamic_sampling import DynamicSample, fill_informative_groups
-from gagpo_rllib.rllib.engine_sleep import rollout_engines_asleep
-from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats
-from gagpo_rllib.rllib.group_sampling import GroupSample, ask_env_runner, sample_whole_groups, split_plan
-from gagpo_rllib.rllib.learner import report_skipped_updates
-from gagpo_rllib.rllib.plans import EXTRA_GROUP_ID_BASE, extra_plan, task_plan
+from gagpo_rllib.rllib.learner import NONFINITE_SKIPPED
+from gagpo_rllib.rllib.placement import placement_shortfall
 from gagpo_rllib.rllib.rollout_pipeline import RolloutPipeline
-from gagpo_rllib.rllib.sharding import GroupShardedTrainingData, placement_shortfall
 from gagpo_rllib.rllib.weight_sync import (
     SyncReport,
     prepare_sync,
@@ -61,45 +74,6 @@ def _process_engines() -> int:
 
     vllm_backend = sys.modules.get("gagpo_rllib.policy.generation.vllm")
     return vllm_backend.engines_started() if vllm_backend is not None else 0
-
-
-def reward_signal_shares(episodes: list) -> dict[str, float]:
-    """Shares of groups whose advantages carry no reward signal, by kind (0.0 each with no episode).
-
-    A group whose episodes got no env reward at all has V(s) = 0 everywhere: its advantages come only from the
-    invalid-action penalties (``groups_penalty_only_share``: group normalisation then turns the timing of equal
-    penalties into advantages of order 1) or are all zero (``groups_zero_advantage_share``).
-    ``groups_all_invalid_share``: groups with no success and every step invalid. ``groups_no_reward_signal_share``
-    is the first two together; 1.0 means the whole update learns nothing from the task.
-    """
-    by_group: dict[Any, dict[str, bool]] = {}
-    for ep in episodes:
-        g = by_group.setdefault(
-            ep.custom_data.get(Columns.GROUP_ID),
-            {"rewarded": False, "any_invalid": False, "all_invalid": True},
-        )
-        rewards = [float(r) for r in ep.get_rewards()]
-        invalid = [bool(x) for x in ep.get_extra_model_outputs(Columns.INVALID)] if len(ep) else []
-        won = outcome(ep.get_infos(-1)).won
-        g["rewarded"] |= won or any(r != 0.0 for r in rewards)
-        g["any_invalid"] |= any(invalid)
-        g["all_invalid"] &= bool(invalid) and all(invalid) and not won
-    n = len(by_group)
-    if n == 0:
-        return {
-            "groups_penalty_only_share": 0.0,
-            "groups_zero_advantage_share": 0.0,
-            "groups_all_invalid_share": 0.0,
-            "groups_no_reward_signal_share": 0.0,
-        }
-    penalty_only = sum(not g["rewarded"] and g["any_invalid"] for g in by_group.values()) / n
-    zero = sum(not g["rewarded"] and not g["any_invalid"] for g in by_group.values()) / n
-    return {
-        "groups_penalty_only_share": penalty_only,
-        "groups_zero_advantage_share": zero,
-        "groups_all_invalid_share": sum(g["all_invalid"] for g in by_group.values()) / n,
-        "groups_no_reward_signal_share": penalty_only + zero,
-    }
 
 
 class GAGPO(Algorithm):
@@ -173,7 +147,7 @@ class GAGPO(Algorithm):
         )
 
     def sample_dynamic(self, first: GroupSample, iteration: int) -> DynamicSample:
-        """Replace uniform groups of ``first`` by extra rounds (``gagpo_rllib.rllib.dynamic_sampling``)."""
+        """Replace uniform groups of ``first`` by extra rounds (``gagpo_rllib.rllib.groups``)."""
         cfg = self.config
         bound = cfg.max_extra_groups
         seed = int(cfg.seed or 0)
@@ -290,62 +264,34 @@ class GAGPO(Algorithm):
         return sampled.sample, sampled.dynamic, sampled.sample_s, updates - sampled.weights_version
 
     def training_step(self) -> None:
+        """Sample, decide, update, sync: one iteration."""
         cfg: GAGPOConfig = self.config
         iteration = self.iteration
-        # A validation that ended beside training reports in this iteration.
-        if self.background_validation is not None:
+        if self.background_validation is not None:  # a validation that ended beside training reports now
             self.background_validation.report(self)
+        # Sample: the iteration's planned groups, played now or taken from the rollout pipeline (max_staleness).
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             sample, dynamic, sample_s, staleness = self.take_rollout(iteration)
-        self.metrics.log_value(("gagpo", "staleness"), float(staleness), window=1)
-        # Rollout metrics are over everything played; with dynamic sampling the update sees the informative
-        # groups only.
-        episodes = dynamic.batch if dynamic is not None else sample.episodes
-        if dynamic is not None:
-            sample = dynamic.sample
-        # Which groups train, decided here once and stamped on the episodes (sharding and the learner connector
-        # read the stamp).
+        # Decide: the batch (dynamic sampling: its informative groups only) and which of its groups train, stamped
+        # on the episodes (the learners' sharding and the learner connector read the stamp).
+        batch = dynamic.batch if dynamic is not None else sample.episodes
+        played = dynamic.sample if dynamic is not None else sample
         decision = stamp_training_groups(
-            episodes, invalid_penalty=cfg.invalid_penalty, skip_uniform_groups=cfg.skip_uniform_groups
+            batch, invalid_penalty=cfg.invalid_penalty, skip_uniform_groups=cfg.skip_uniform_groups
         )
-        if dynamic is not None:
-            for name, value in dynamic.metrics().items():
-                self.metrics.log_value(("gagpo", name), value, window=1)
-        elif episodes:  # the same share dynamic sampling reports: groups without signal
-            self.metrics.log_value(("gagpo", "uniform_group_share"), decision.uniform_share, window=1)
-        self.metrics.aggregate(sample.runner_metrics, key=ENV_RUNNER_RESULTS)
-        self.log_rollout_metrics(sample.episodes, sample.stats, sample_s)
-        for name, value in sample.metrics().items():
-            self.metrics.log_value(("gagpo", name), value, window=1)
-
-        trainable = bool(episodes)
-        if not trainable:
+        self.log_sample_metrics(played, dynamic, decision, sample_s, staleness)
+        trainable = bool(batch) and decision.any_trained
+        if not batch:
             why = "no complete group came back"
-            if dynamic is not None and sample.episodes:
+            if dynamic is not None and played.episodes:
                 why = "no informative group within dynamic_sampling_max_extra_groups"
             logger.warning("GAGPO: iteration %d: %s; update skipped", iteration, why)
-        else:
-            trainable = decision.any_trained
         t0 = time.perf_counter()
         if trainable:
-            # Only with sleep_engines_during_update: the engines free the GPU for the update, then wake.
-            with rollout_engines_asleep(self):
-                with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
-                    learner_results = self.learner_group.update(
-                        # Whole groups per learner, one shared number of optimizer steps (gagpo_rllib.rllib.sharding).
-                        training_data=GroupShardedTrainingData(episodes=episodes),
-                        timesteps={
-                            NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
-                                (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
-                            )
-                        },
-                        num_epochs=cfg.num_epochs,
-                        minibatch_size=cfg.minibatch_size,
-                        shuffle_batch_per_epoch=cfg.shuffles_minibatches,
-                    )
-                self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
-                report_skipped_updates(self.metrics, iteration)
+            # Update: whole groups per learner, one shared number of optimizer steps (``groups``).
+            self.update_learners(batch)
             self._updates += 1  # the weights' version (``take_rollout``)
+            # Sync (with max_staleness >= 1 the next take_rollout publishes the weights instead).
             if cfg.max_staleness == 0:
                 with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
                     synced = sync_env_runners(self.env_runner_group, self.learner_group)
@@ -354,6 +300,55 @@ class GAGPO(Algorithm):
         if cfg.backend == "vllm":
             self.log_engine_census()
         self.metrics.log_value(("gagpo", "time_learner_s"), time.perf_counter() - t0, window=1)
+
+    def update_learners(self, batch: list) -> None:
+        """One update of the learners on ``batch`` (stamped whole groups); with ``sleep_engines_during_update`` the
+        vLLM engines free the GPU meanwhile (``engine_sleep``)."""
+        cfg: GAGPOConfig = self.config
+        with contextlib.ExitStack() as stack:
+            if cfg.sleep_engines_during_update:
+                stack.enter_context(rollout_engines_asleep(self))
+            with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+                learner_results = self.learner_group.update(
+                    training_data=GroupShardedTrainingData(episodes=batch),
+                    timesteps={
+                        NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                            (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+                        )
+                    },
+                    num_epochs=cfg.num_epochs,
+                    minibatch_size=cfg.minibatch_size,
+                    shuffle_batch_per_epoch=cfg.shuffles_minibatches,
+                )
+        self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        skipped = int(self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, NONFINITE_SKIPPED), default=0))
+        if skipped:
+            logger.warning(
+                "GAGPO iteration %d: %d optimizer step(s) skipped, loss or gradient norm not finite",
+                self.iteration,
+                skipped,
+            )
+
+    def log_sample_metrics(
+        self,
+        played: GroupSample,
+        dynamic: DynamicSample | None,
+        decision: TrainingGroups,
+        sample_s: float,
+        staleness: int,
+    ) -> None:
+        """The iteration's ``gagpo/`` sampling metrics: over everything played (rollouts), the group decision,
+        dynamic sampling's rounds and the runners' own results."""
+        self.metrics.log_value(("gagpo", "staleness"), float(staleness), window=1)
+        if dynamic is not None:
+            for name, value in dynamic.metrics().items():
+                self.metrics.log_value(("gagpo", name), value, window=1)
+        elif decision.groups:  # the same share dynamic sampling reports: groups without signal
+            self.metrics.log_value(("gagpo", "uniform_group_share"), decision.uniform_share, window=1)
+        self.metrics.aggregate(played.runner_metrics, key=ENV_RUNNER_RESULTS)
+        self.log_rollout_metrics(played.episodes, played.stats, sample_s)
+        for name, value in played.metrics().items():
+            self.metrics.log_value(("gagpo", name), value, window=1)
 
     def log_weight_sync(self, synced: SyncReport) -> None:
         """One copy of the inference-only weights per sync, fetched by every runner (``weight_sync``)."""

@@ -24,17 +24,19 @@ from gagpo_rllib.policy.critic import CriticRLModule
 from gagpo_rllib.policy.lora import VLLM_LORA_RANKS
 from gagpo_rllib.policy.rl_module import LLMRLModule
 from gagpo_rllib.rllib.connectors.critic_advantages import CriticAdvantages
-from gagpo_rllib.rllib.connectors.env_to_module import PromptConnector
 from gagpo_rllib.rllib.connectors.grouped_advantages import GroupedAdvantages
-from gagpo_rllib.rllib.connectors.module_to_env import ActionParserConnector
-from gagpo_rllib.rllib.connectors.state_keys import StateKeyConnector
+from gagpo_rllib.rllib.connectors.rollout import (
+    ActionParserConnector,
+    PromptConnector,
+    StateKeyConnector,
+    resolve_state_key,
+)
 from gagpo_rllib.rllib.critic_learner import GAGPOCriticTorchLearner
 from gagpo_rllib.rllib.engine_sleep import validate_engine_sleep
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
 from gagpo_rllib.rllib.group_sampling import validate_fault_tolerance
 from gagpo_rllib.rllib.learner import GAGPOTorchLearner
-from gagpo_rllib.rllib.sharding import gpu_placement_problem, resource_shortfall
-from gagpo_rllib.rllib.state_keys import resolve_state_key
+from gagpo_rllib.rllib.placement import gpu_placement_problem, resource_shortfall
 
 __all__ = ["GAGPOConfig", "Components", "configure", "setter_of"]
 
@@ -294,11 +296,11 @@ class GAGPOConfig(AlgorithmConfig):
             skip_uniform_groups: drop groups whose episodes all got the same return from the update.
             dynamic_sampling: replace such uniform groups by newly drawn task instances until the batch holds
                 ``groups_per_iteration`` informative groups (DAPO's "filter groups"; see
-                ``gagpo_rllib.rllib.dynamic_sampling``). Off by default.
+                ``gagpo_rllib.rllib.groups``). Off by default.
             dynamic_sampling_max_extra_groups: the bound on the extra groups one iteration may play; None
                 (default) = ``groups_per_iteration`` (at most twice the rollouts of a plain iteration).
             state_key: which steps are the same state: "env" (the env's info["state_key"]), "normalized",
-                "history" or "package.module:function" (see ``gagpo_rllib.rllib.state_keys``).
+                "history" or "package.module:function" (see ``gagpo_rllib.rllib.connectors.rollout``).
             state_key_history: H of the "history" key (last H actions); None = ``history_length``.
             similarity_threshold: None (exact keys) or a number in (0, 1]: state texts of a group at least this
                 similar share one anchor state (see ``gagpo_rllib.method.similarity``).
@@ -398,9 +400,9 @@ class GAGPOConfig(AlgorithmConfig):
                 update instead of using the rollout's; None (default) does so exactly when the rollout numerics
                 differ from the learner's (backend "vllm", or a dtype other than float32).
             train_chunk_tokens: the learner's forwards run over length-sorted chunks of at most this many
-                (padded) tokens, once per distinct (prompt, action) row (see ``gagpo_rllib.policy.unique_rows``).
+                (padded) tokens, once per distinct (prompt, action) row (see ``gagpo_rllib.policy.logprobs``).
             reference_cache_rows: reference log-probs of this many distinct rows are kept across updates (the
-                reference is frozen; see ``gagpo_rllib.policy.reference_cache``); 0 recomputes them every time.
+                reference is frozen; see ``gagpo_rllib.policy.logprobs``); 0 recomputes them every time.
             max_staleness: 0 (default) samples each iteration with the weights of the update before it; k >= 1
                 lets the runners play the next k iterations' groups while the learners update, so an update may
                 train on episodes from weights up to k updates old. Then the old log-probs are recomputed (the
@@ -864,7 +866,7 @@ class GAGPOConfig(AlgorithmConfig):
                 "GAGPOConfig.prompt_template / first_prompt_template: not set and the env is not a class whose "
                 "package has prompts.py; pass the templates with .llm(...)"
             )
-        from gagpo_rllib.policy.prompting import load_env_templates
+        from gagpo_rllib.rllib.connectors.rollout import load_env_templates
 
         if constrained is None:
             constrained = bool(self.constrained_decoding)

@@ -33,8 +33,12 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from envs.protocol import GENERIC_TABLE, PROVENANCE, TASK_TYPE, WON, EvalTable, check_env_class, outcome
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.config import GAGPOConfig, configure
-from gagpo_rllib.rllib.group_sampling import ask_env_runner, sample_whole_groups
-from gagpo_rllib.rllib.plans import evaluation_plan, validation_seed
+from gagpo_rllib.rllib.group_sampling import (
+    ask_env_runner,
+    evaluation_plan,
+    sample_whole_groups,
+    validation_seed,
+)
 
 __all__ = [
     "EpisodeRecord",
@@ -119,7 +123,7 @@ class EvalReport:
     table: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     tasks_requested: int | None = None
-    # Invalid steps by reason over all episodes (see gagpo_rllib.policy.actions), and the number of steps played.
+    # Invalid steps by reason over all episodes (see gagpo_rllib.rllib.connectors.rollout), and the number of steps played.
     invalid_reasons: dict[str, int] = field(default_factory=dict)
     num_steps: int = 0
 
@@ -646,7 +650,7 @@ class StepDump:
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        from gagpo_rllib.policy.generation.constraints import end_token_id
+        from gagpo_rllib.policy.generation.base import end_token_id
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         if self.tokenizer.pad_token is None:

@@ -7,11 +7,11 @@ returns the current and reference log-probs of the action tokens; the loss itsel
 grad_clip=)``); the minibatches and chunks are ``ChunkedTorchLearner``'s:
 
 - **Every step once per epoch.** ``minibatch_size`` (per learner) gives ``ceil(n / minibatch_size)`` minibatches
-  of equal size (differing by at most one) that cover the batch (``sharding.epoch_minibatches``).
+  of equal size (differing by at most one) that cover the batch (``groups.epoch_minibatches``).
 - **Chunks.** A minibatch is trained in length-sorted chunks of at most ``train_chunk_tokens`` tokens, each
   chunk's backward before the next chunk's forward; each row's loss weight (the ``row_weight`` column) is
   N / (rows of the step over all N learners), so the chunks' gradients add up to the minibatch's mean gradient.
-- **N learners (DDP or FSDP).** Each learner trains its whole groups (``sharding.GroupShardedTrainingData``), all
+- **N learners (DDP or FSDP).** Each learner trains its whole groups (``groups.GroupShardedTrainingData``), all
   take the same number of steps; DDP/FSDP average the gradients over the learners, so with the weights above the
   result is the one-learner gradient of the step. A learner without rows for a step trains one of its rows (or a
   one-token placeholder) with weight 0, which keeps it in the collectives. Logged statistics are reduced over the
@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
-from ray.rllib.utils.metrics import LEARNER_RESULTS
+from ray.rllib.core import COMPONENT_RL_MODULE
 from ray.rllib.utils.typing import ModuleID
 
 from gagpo_rllib.columns import Columns
@@ -39,7 +38,7 @@ from gagpo_rllib.policy.distributed import StepStats, agree_max, reduce_step_sta
 from gagpo_rllib.rllib.rllib_internals import ChunkedTorchLearner
 from gagpo_rllib.rllib.threads import set_torch_threads
 
-__all__ = ["GAGPOTorchLearner", "NONFINITE_SKIPPED", "report_skipped_updates"]
+__all__ = ["GAGPOTorchLearner", "NONFINITE_SKIPPED"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,18 +57,6 @@ _MEANS = (
 )
 _HIGHS = ("ratio_max", "first_minibatch_ratio_max_dev")
 _REDUCE = {"ratio_max": "max", "ratio_min": "min", "first_minibatch_ratio_max_dev": "max"}
-
-
-def report_skipped_updates(metrics: Any, iteration: int) -> int:
-    """Warn with the iteration when the learners skipped non-finite optimizer steps; returns how many."""
-    skipped = int(metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, NONFINITE_SKIPPED), default=0))
-    if skipped:
-        logger.warning(
-            "GAGPO iteration %d: %d optimizer step(s) skipped, loss or gradient norm not finite",
-            iteration,
-            skipped,
-        )
-    return skipped
 
 
 class GAGPOTorchLearner(ChunkedTorchLearner):

@@ -49,7 +49,7 @@ from ray.rllib.utils.numpy import convert_to_numpy
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.seeds import shuffle_rng
 from gagpo_rllib.policy.distributed import StepStats, agree_sum, world
-from gagpo_rllib.rllib.sharding import epoch_minibatches, minibatches_per_epoch
+from gagpo_rllib.rllib.groups import epoch_minibatches, minibatches_per_epoch
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ def check_rllib_version(installed: str) -> None:
 
 
 check_rllib_version(ray.__version__)
+
 
 def _take(column: Any, idx: np.ndarray) -> Any:
     if isinstance(column, torch.Tensor):

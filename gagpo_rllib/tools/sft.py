@@ -27,10 +27,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gagpo_rllib.method.seeds import SFT_HELDOUT_SALT, SFT_ORDER_SALT, SFT_SUBSET_SALT, salted_rng
-from gagpo_rllib.policy.generation.constraints import ActionTrie, action_token_ids, end_token_id
+from gagpo_rllib.policy.generation.base import ActionTrie, action_token_ids, end_token_id
 from gagpo_rllib.policy.logprobs import action_logprobs
 from gagpo_rllib.policy.models import load_policy
-from gagpo_rllib.policy.prompting import PromptBuilder
+from gagpo_rllib.rllib.connectors.rollout import PromptBuilder
 from gagpo_rllib.tools.demonstrations import Demonstration, DemoSet, reasoning_line
 
 __all__ = ["Example", "SFTResult", "SFTSettings", "build_examples", "finetune", "split_demonstrations"]

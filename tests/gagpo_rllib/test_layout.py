@@ -145,7 +145,7 @@ def test_the_package_follows_the_layout_rule() -> None:
         ("gagpo_rllib.rllib.evaluation", 'ALIASES = {"maze": "envs.maze:MazeEnv"}', "envs.maze"),
         ("gagpo_rllib.rllib", "import importlib\nimportlib.import_module('envs.webshop')", "envs.webshop"),
         ("gagpo_rllib.columns", "from gagpo_rllib.policy.rl_module import PROMPTS", "gagpo_rllib.policy"),
-        ("envs.maze.env", "from gagpo_rllib.policy import prompting", "gagpo_rllib.policy.prompting"),
+        ("envs.maze.env", "from gagpo_rllib.policy import logprobs", "gagpo_rllib.policy.logprobs"),
         ("envs.maze.env", "def f():\n    import gagpo_rllib\n", "gagpo_rllib"),
         ("envs.protocol", "from envs.spaces import TextSpace", "envs.spaces.TextSpace"),
     ],

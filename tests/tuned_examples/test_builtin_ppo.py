@@ -22,8 +22,8 @@ import ray
 import torch
 
 from gagpo_rllib.method.advantages import critic_gae
-from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows
 from gagpo_rllib.rllib.critic_learner import explained_variance
+from gagpo_rllib.rllib.groups import episode_rows
 from gagpo_rllib.rllib.rllib_internals import local_learner
 
 ROOT = Path(__file__).resolve().parents[2]

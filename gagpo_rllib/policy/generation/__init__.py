@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gagpo_rllib.policy.generation.base import GenerationBackend, GenerationOutput, SamplingConfig
-from gagpo_rllib.policy.generation.constraints import ActionTrie, action_token_ids, allowed_token_masks
+from gagpo_rllib.policy.generation.base import (
+    ActionTrie,
+    GenerationBackend,
+    GenerationOutput,
+    SamplingConfig,
+    action_token_ids,
+    allowed_token_masks,
+)
 from gagpo_rllib.policy.generation.hf import HFGenerationBackend
 
 if TYPE_CHECKING:

@@ -23,13 +23,15 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gagpo_rllib.policy.generation.base import (
+    ActionTrie,
     GenerationBackend,
     GenerationOutput,
     SamplingConfig,
     Seed,
+    action_token_ids,
+    end_token_id,
     row_seeds,
 )
-from gagpo_rllib.policy.generation.constraints import ActionTrie, action_token_ids, end_token_id
 from gagpo_rllib.policy.logprobs import (
     cache_keyword,
     kv_cache,
@@ -37,8 +39,8 @@ from gagpo_rllib.policy.logprobs import (
     padded_positions,
     prompt_cache,
     scaled_logprobs,
+    unique_rows,
 )
-from gagpo_rllib.policy.unique_rows import unique_rows
 
 __all__ = ["HFGenerationBackend"]
 

@@ -97,9 +97,10 @@ from gagpo_rllib.policy.generation.base import (
     GenerationRequest,
     SamplingConfig,
     Seed,
+    action_token_ids,
+    end_token_id,
     row_seeds,
 )
-from gagpo_rllib.policy.generation.constraints import action_token_ids, end_token_id
 
 __all__ = [
     "MAX_TEMPERATURE",

@@ -14,8 +14,9 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages, critic_gae
-from gagpo_rllib.rllib.connectors.env_to_module import single_module
-from gagpo_rllib.rllib.connectors.grouped_advantages import GroupedAdvantages, StepRows
+from gagpo_rllib.rllib.connectors.grouped_advantages import GroupedAdvantages
+from gagpo_rllib.rllib.connectors.rollout import single_module
+from gagpo_rllib.rllib.groups import StepRows
 
 __all__ = ["CriticAdvantages"]
 

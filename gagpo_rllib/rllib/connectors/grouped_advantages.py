@@ -1,9 +1,9 @@
 """Learner connector: grouped episodes -> step advantages -> one padded token batch.
 
-Each complete episode carries ``custom_data["group_id"]`` (the K rollouts of one task instance share it), per step
-the prompt ids, action ids, behaviour log-probs and the ``invalid`` flag (extra model outputs), and per observation
-the env info (``state_key``, ``admissible_actions``). The connector builds one row per environment step with the
-columns ``group_id, episode_id, reward, state_key`` and calls ``advantages.compute_advantages`` on them.
+Each complete episode carries ``custom_data[Columns.GROUP_ID]`` (the K rollouts of one task instance share it), per
+step the prompt ids, action ids, behaviour log-probs, the ``invalid`` flag and the state key (extra model outputs),
+and per observation the env info. The connector takes the episodes' step rows (``groups.episode_rows``: columns
+``group_id, episode_id, reward, state_key``) and calls ``advantages.compute_advantages`` on them.
 
 The reward column is the environment's reward minus ``invalid_penalty`` on invalid steps: the penalty shapes the
 learning signal only. Reported episode returns and success rates (EnvRunner metrics) use the env's own rewards.
@@ -16,20 +16,13 @@ numerics differ from the learner's: vLLM, or bf16/fp16 kernels on a GPU (cached 
 differ by up to ~4e-3 in bf16), where the first-minibatch ratio would otherwise not start at 1. The largest
 difference between rollout and recomputed log-probs is logged as ``old_logp_rollout_max_dev``.
 
-With ``skip_uniform_groups`` the rows of every group whose episodes all got the same (shaped) return are dropped:
-such groups carry little or no signal (GRPO and RLOO give exactly zero), yet an adaptive optimiser would still
-take full-size steps on what remains of their gradient. Which groups train is decided once per iteration, on the
-driver, by ``stamp_training_groups`` (``GAGPO.training_step``), and stamped on every episode
-(``custom_data[Columns.TRAINS]``); the sharding (``sharding.GroupShardedTrainingData``) and this connector read the
-stamp. Episodes without a stamp (the connector used on its own) are stamped here by the same function.
+Which groups train is the driver's decision (``groups.stamp_training_groups``, once per iteration in
+``GAGPO.training_step``), stamped on every episode (``custom_data[Columns.TRAINS]``): this connector reads the stamp
+and drops the rows of groups that do not train. Episodes without a stamp (the connector used on its own) are
+stamped here by that same function.
 """
 
 from __future__ import annotations
-
-from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -37,162 +30,15 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModule
 
-from envs import protocol
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages, grouping_diagnostics
 from gagpo_rllib.method.loss import behaviour_weights
 from gagpo_rllib.method.similarity import anchor_keys
-from gagpo_rllib.policy.generation.constraints import allowed_token_masks
-from gagpo_rllib.rllib.connectors.env_to_module import single_module
+from gagpo_rllib.policy.generation.base import allowed_token_masks
+from gagpo_rllib.rllib.connectors.rollout import single_module
+from gagpo_rllib.rllib.groups import StepRows, episode_rows, group_id, stamp_training_groups, trains
 
-__all__ = [
-    "GroupedAdvantages",
-    "StepRows",
-    "TrainingGroups",
-    "episode_rows",
-    "stamp_training_groups",
-    "trains",
-    "uniform_groups",
-]
-
-
-@dataclass
-class StepRows:
-    """Per-step columns of a list of episodes, rows of one episode contiguous and in step order."""
-
-    group_id: np.ndarray
-    episode_id: list[str]
-    reward: np.ndarray  # shaped: env reward - penalty * invalid
-    state_key: list[str]
-    invalid: np.ndarray
-    prompt_ids: list[list[int]]
-    action_ids: list[list[int]]
-    old_logp: list[list[float]]
-    admissible: list[list[str]]
-
-    def columns(self, keep: np.ndarray | None = None) -> dict[str, Any]:
-        sel = np.arange(len(self.reward)) if keep is None else np.flatnonzero(keep)
-        # The advantage table's columns (gagpo_rllib.method.advantages names them itself).
-        return {
-            "group_id": self.group_id[sel],
-            "episode_id": [self.episode_id[i] for i in sel],
-            "reward": self.reward[sel],
-            "state_key": [self.state_key[i] for i in sel],
-        }
-
-
-def _group_id(episode) -> int:
-    try:
-        return int(episode.custom_data[Columns.GROUP_ID])
-    except KeyError:
-        raise KeyError(
-            f"episode {episode.id_} has no custom_data['{Columns.GROUP_ID}']: sample with"
-            " GAGPOEnvRunner.sample_groups"
-        ) from None
-
-
-def episode_rows(episodes: Sequence, invalid_penalty: float) -> StepRows:
-    """Flatten complete episodes into step rows (see the module docstring for the reward column)."""
-    cols: dict[str, list] = defaultdict(list)
-    for episode in episodes:
-        if not episode.is_done:
-            raise ValueError(f"episode {episode.id_} is not complete: grouped advantages need whole episodes")
-        steps = len(episode)
-        gid = _group_id(episode)
-        rewards = np.asarray(list(episode.get_rewards()), dtype=np.float64)
-        invalid = np.asarray(list(episode.get_extra_model_outputs(Columns.INVALID)), dtype=bool)
-        infos = list(episode.get_infos())
-        # Keys the EnvRunner computed with the configured state_key choice; else the env's own key.
-        stored = None
-        if Columns.STATE_KEY in episode.extra_model_outputs:
-            stored = list(episode.get_extra_model_outputs(Columns.STATE_KEY))
-        for t in range(steps):
-            info = infos[t]
-            if stored is not None:
-                cols["state_key"].append(stored[t])
-            else:
-                protocol.check_info(
-                    info, (protocol.STATE_KEY,), where=f" at step {t} of episode {episode.id_}"
-                )
-                cols["state_key"].append(str(info[protocol.STATE_KEY]))
-            cols["admissible"].append([str(a) for a in info.get(protocol.ADMISSIBLE_ACTIONS, ())])
-        cols["group_id"].extend([gid] * steps)
-        cols["episode_id"].extend([str(episode.id_)] * steps)
-        cols["reward"].extend(rewards - invalid_penalty * invalid)
-        cols["invalid"].extend(invalid)
-        for key, name in (
-            (Columns.PROMPT_IDS, "prompt_ids"),
-            (Columns.ACTION_IDS, "action_ids"),
-            (Columns.ACTION_LOGP, "old_logp"),
-        ):
-            cols[name].extend(list(v) for v in episode.get_extra_model_outputs(key))
-    return StepRows(
-        group_id=np.asarray(cols["group_id"], dtype=np.int64),
-        episode_id=cols["episode_id"],
-        reward=np.asarray(cols["reward"], dtype=np.float64),
-        state_key=cols["state_key"],
-        invalid=np.asarray(cols["invalid"], dtype=bool),
-        prompt_ids=cols["prompt_ids"],
-        action_ids=cols["action_ids"],
-        old_logp=cols["old_logp"],
-        admissible=cols["admissible"],
-    )
-
-
-def uniform_groups(rows: StepRows) -> set[int]:
-    """Group ids whose episodes all got the same shaped return (within 1e-9)."""
-    returns: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for gid, eid, r in zip(rows.group_id.tolist(), rows.episode_id, rows.reward.tolist(), strict=True):
-        returns[gid][eid] += r
-    return {g for g, per_ep in returns.items() if np.ptp(list(per_ep.values())) <= 1e-9}
-
-
-@dataclass
-class TrainingGroups:
-    """Which groups of a batch train: the decision ``stamp_training_groups`` stamped on the episodes."""
-
-    groups: list[int]  # every group id of the batch, in batch order
-    uniform: set[int]  # groups whose episodes all got the same shaped return
-    skipped: set[int]  # groups that do not train: the uniform ones under skip_uniform_groups, else none
-
-    @property
-    def any_trained(self) -> bool:
-        """Whether the update has any row to train on."""
-        return len(self.skipped) < len(self.groups)
-
-    @property
-    def uniform_share(self) -> float:
-        """Share of the batch's groups that are uniform (0.0 without groups)."""
-        return len(self.uniform) / len(self.groups) if self.groups else 0.0
-
-
-def stamp_training_groups(
-    episodes: Sequence, *, invalid_penalty: float, skip_uniform_groups: bool
-) -> TrainingGroups:
-    """Decide which groups of ``episodes`` train and stamp it on every episode (``custom_data[Columns.TRAINS]``).
-
-    The one place of the rule (called once per iteration by ``GAGPO.training_step``): a group trains unless
-    ``skip_uniform_groups`` and its episodes all got the same shaped return (``uniform_groups`` over
-    ``episode_rows`` with ``invalid_penalty``). ``sharding`` and ``GroupedAdvantages`` read the stamp.
-    """
-    uniform = uniform_groups(episode_rows(episodes, invalid_penalty)) if episodes else set()
-    skipped = set(uniform) if skip_uniform_groups else set()
-    for episode in episodes:
-        episode.custom_data[Columns.TRAINS] = _group_id(episode) not in skipped
-    return TrainingGroups(
-        groups=list(dict.fromkeys(_group_id(e) for e in episodes)), uniform=uniform, skipped=skipped
-    )
-
-
-def trains(episode) -> bool:
-    """The stamp of ``stamp_training_groups``: whether the episode's group trains in this update."""
-    try:
-        return bool(episode.custom_data[Columns.TRAINS])
-    except KeyError:
-        raise KeyError(
-            f"episode {episode.id_} has no custom_data['{Columns.TRAINS}']: stamp the batch with"
-            " stamp_training_groups (GAGPO.training_step does)"
-        ) from None
+__all__ = ["GroupedAdvantages"]
 
 
 def _pad(seqs: list[list], width: int, fill, dtype, left: bool) -> torch.Tensor:
@@ -283,7 +129,7 @@ class GroupedAdvantages(ConnectorV2):
             )
         episode_trains = [trains(e) for e in episodes]
         keep = np.repeat(np.asarray(episode_trains, dtype=bool), [len(e) for e in episodes])
-        skipped = {_group_id(e) for e, t in zip(episodes, episode_trains, strict=True) if not t}
+        skipped = {group_id(e) for e, t in zip(episodes, episode_trains, strict=True) if not t}
         if metrics is not None:
             self._log(metrics, rows, adv, keep, len(skipped))
         module = single_module(rl_module)

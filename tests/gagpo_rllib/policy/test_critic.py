@@ -18,7 +18,6 @@ from gagpo_rllib.policy.critic import CriticRLModule, last_token_hidden
 from gagpo_rllib.policy.logprobs import left_pad
 from gagpo_rllib.policy.rl_module import LLMRLModule
 from gagpo_rllib.rllib.connectors.critic_advantages import CriticAdvantages
-from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows
 from gagpo_rllib.rllib.critic_learner import (
     CRITIC_OPTIMIZER,
     GAGPOCriticTorchLearner,
@@ -32,6 +31,7 @@ from gagpo_rllib.rllib.evaluation import (
     config_from_checkpoint,
     evaluation_config,
 )
+from gagpo_rllib.rllib.groups import episode_rows
 from gagpo_rllib.tools.export import export_checkpoint
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]

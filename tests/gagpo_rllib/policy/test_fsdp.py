@@ -19,14 +19,14 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 import tests.gagpo_rllib.toy_env as toy_env
 from gagpo_rllib.rllib.algorithm import GAGPO
-from gagpo_rllib.rllib.connectors.grouped_advantages import (
+from gagpo_rllib.rllib.group_sampling import task_plan
+from gagpo_rllib.rllib.groups import (
+    GroupShardedTrainingData,
     episode_rows,
     stamp_training_groups,
     uniform_groups,
 )
 from gagpo_rllib.rllib.learner import GAGPOTorchLearner
-from gagpo_rllib.rllib.plans import task_plan
-from gagpo_rllib.rllib.sharding import GroupShardedTrainingData
 from tests.gagpo_rllib.tolerances import assert_equal_sums, reduction_tolerance, token_positions
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
 

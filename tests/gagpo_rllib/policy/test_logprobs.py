@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gagpo_rllib.policy.generation import HFGenerationBackend, SamplingConfig, allowed_token_masks
-from gagpo_rllib.policy.generation.constraints import action_token_ids
+from gagpo_rllib.policy.generation.base import action_token_ids
 from gagpo_rllib.policy.logprobs import action_logprobs, scaled_logprobs
 
 ADMISSIBLE = [["go north", "go south", "take the key"], ["open door", "go"], ["look", "inventory"], ["wait"]]

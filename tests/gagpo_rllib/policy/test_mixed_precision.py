@@ -12,9 +12,9 @@ import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows, uniform_groups
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
-from gagpo_rllib.rllib.plans import task_plan
+from gagpo_rllib.rllib.group_sampling import task_plan
+from gagpo_rllib.rllib.groups import episode_rows, uniform_groups
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gagpo_rllib.policy.actions import parse_action
+from gagpo_rllib.rllib.connectors.rollout import parse_action
 from gagpo_rllib.rllib.evaluation import EvalSettings, config_for_model, evaluate
 from gagpo_rllib.tools.env_names import resolve_env
 from gagpo_rllib.tools.train import init_ray

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gagpo_rllib.policy.reference_cache import ReferenceLogprobCache
+from gagpo_rllib.policy.logprobs import ReferenceLogprobCache
 
 
 def test_rows_come_back_padded_and_hits_are_counted() -> None:

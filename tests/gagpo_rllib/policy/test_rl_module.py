@@ -11,7 +11,7 @@ from ray.rllib.core.columns import Columns as RLlibColumns
 
 from envs.spaces import TextSpace
 from gagpo_rllib.columns import Columns
-from gagpo_rllib.policy.generation.constraints import action_token_ids
+from gagpo_rllib.policy.generation.base import action_token_ids
 from gagpo_rllib.policy.logprobs import cache_keyword
 from gagpo_rllib.policy.rl_module import LLMRLModule, unpad_token_batch
 
@@ -42,7 +42,7 @@ def _prompts(module: LLMRLModule) -> list[str]:
 
 def _train_batch(out: dict, module: LLMRLModule, constrained: bool, admissible: list | None = None) -> dict:
     """The learner batch layout for the exploration outputs (left-padded prompts, right-padded actions)."""
-    from gagpo_rllib.policy.generation.constraints import allowed_token_masks
+    from gagpo_rllib.policy.generation.base import allowed_token_masks
     from gagpo_rllib.rllib.connectors.grouped_advantages import _pad
 
     prompts, actions = list(out[Columns.PROMPT_IDS]), list(out[Columns.ACTION_IDS])

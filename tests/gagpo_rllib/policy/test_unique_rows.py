@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from gagpo_rllib.policy.unique_rows import length_chunks, row_keys, unique_rows
+from gagpo_rllib.policy.logprobs import length_chunks, row_keys, unique_rows
 
 
 def _rows(prompts, actions, allowed=None, pw=None, aw=None, k=None):
@@ -66,7 +66,7 @@ def test_length_chunks_sort_cover_and_respect_the_token_budget() -> None:
 
 
 def test_token_chunks_count_prompt_and_answer_tokens_and_keep_units_whole():
-    from gagpo_rllib.policy.unique_rows import token_chunks
+    from gagpo_rllib.policy.logprobs import token_chunks
 
     # (rows, widest prompt + answer) per unit
     units = [(2, 10), (1, 40), (3, 12), (1, 11), (4, 39)]

@@ -12,10 +12,8 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows, uniform_groups
-from gagpo_rllib.rllib.dynamic_sampling import fill_informative_groups
-from gagpo_rllib.rllib.group_sampling import GroupSample
-from gagpo_rllib.rllib.plans import EXTRA_GROUP_ID_BASE, extra_plan, task_plan
+from gagpo_rllib.rllib.group_sampling import EXTRA_GROUP_ID_BASE, GroupSample, extra_plan, task_plan
+from gagpo_rllib.rllib.groups import episode_rows, fill_informative_groups, uniform_groups
 
 K = 3
 

@@ -21,8 +21,7 @@ import ray.cloudpickle
 import tests.gagpo_rllib.faulty_env as faulty_env
 import tests.gagpo_rllib.toy_env as toy_env
 from gagpo_rllib.rllib.algorithm import GAGPO
-from gagpo_rllib.rllib.group_sampling import GroupSample, sample_whole_groups
-from gagpo_rllib.rllib.plans import task_plan
+from gagpo_rllib.rllib.group_sampling import GroupSample, sample_whole_groups, task_plan
 from tests.gagpo_rllib.advantage_check import assert_connector_advantages_are_the_engines
 from tests.gagpo_rllib.faulty_env import FaultyCorridorEnv, set_runner_faults
 from tests.gagpo_rllib.toy_env import make_config

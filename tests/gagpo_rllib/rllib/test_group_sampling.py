@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gagpo_rllib.rllib.group_sampling import split_plan
-from gagpo_rllib.rllib.plans import task_plan
+from gagpo_rllib.rllib.group_sampling import split_plan, task_plan
 from tests.gagpo_rllib.toy_env import make_config
 
 

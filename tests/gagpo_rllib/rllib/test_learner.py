@@ -11,8 +11,8 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
+from gagpo_rllib.rllib.group_sampling import task_plan
 from gagpo_rllib.rllib.learner import NONFINITE_SKIPPED, GAGPOTorchLearner
-from gagpo_rllib.rllib.plans import task_plan
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
 
 

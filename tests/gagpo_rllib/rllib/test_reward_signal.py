@@ -11,8 +11,7 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from envs.spaces import TextSpace
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages
-from gagpo_rllib.rllib.algorithm import reward_signal_shares
-from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows
+from gagpo_rllib.rllib.groups import episode_rows, reward_signal_shares
 
 
 def _episode(group: int, rewards: list[float], invalid: list[bool], won: bool = False) -> SingleAgentEpisode:

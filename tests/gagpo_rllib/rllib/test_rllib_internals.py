@@ -16,7 +16,7 @@ from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.logprobs import checkpointing
 from gagpo_rllib.rllib.config import configure
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
-from gagpo_rllib.rllib.plans import task_plan
+from gagpo_rllib.rllib.group_sampling import task_plan
 from tests.gagpo_rllib.tolerances import assert_equal_sums, token_positions
 from tests.gagpo_rllib.toy_env import CorridorEnv, make_config
 

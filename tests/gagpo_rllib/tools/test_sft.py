@@ -12,11 +12,10 @@ from envs.alfworld.games import BUNDLED_DATA, find_games
 from envs.alfworld.prompts import FIRST_PROMPT_TEMPLATE, PROMPT_TEMPLATE
 from envs.alfworld.tasks import TASK_TYPES
 from gagpo_rllib import GAGPOConfig
-from gagpo_rllib.policy.actions import parse_action
-from gagpo_rllib.policy.generation.constraints import action_token_ids, allowed_token_masks
+from gagpo_rllib.policy.generation.base import action_token_ids, allowed_token_masks
 from gagpo_rllib.policy.logprobs import action_logprobs
 from gagpo_rllib.policy.models import build_tiny_policy, load_policy
-from gagpo_rllib.policy.prompting import PromptBuilder
+from gagpo_rllib.rllib.connectors.rollout import PromptBuilder, parse_action
 from gagpo_rllib.tools.cli import main
 from gagpo_rllib.tools.demonstrations import (
     DemoSet,

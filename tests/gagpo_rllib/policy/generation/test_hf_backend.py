@@ -267,7 +267,7 @@ def test_a_forced_closing_token_takes_no_forward_and_keeps_its_exact_log_prob(
     backend: HFGenerationBackend,
 ) -> None:
     """Actions of equal length: after the last word only the end token is allowed, for every row at once."""
-    from gagpo_rllib.policy.generation.constraints import action_token_ids, allowed_token_masks
+    from gagpo_rllib.policy.generation.base import action_token_ids, allowed_token_masks
     from gagpo_rllib.policy.logprobs import action_logprobs
 
     tok = backend.tokenizer

@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from gagpo_rllib.policy.generation import SamplingConfig, make_backend
-from gagpo_rllib.policy.generation.constraints import action_token_ids
+from gagpo_rllib.policy.generation.base import action_token_ids
 from gagpo_rllib.policy.generation.vllm import VLLMGenerationBackend
 from gagpo_rllib.policy.logprobs import action_logprobs
 from gagpo_rllib.policy.models import load_policy

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gagpo_rllib.policy.generation import SamplingConfig, make_backend
-from gagpo_rllib.policy.generation.constraints import action_token_ids
+from gagpo_rllib.policy.generation.base import action_token_ids
 from gagpo_rllib.policy.generation.vllm import VLLMGenerationBackend, _generation_eos
 from gagpo_rllib.policy.logprobs import action_logprobs
 from gagpo_rllib.policy.models import build_tiny_policy, load_policy

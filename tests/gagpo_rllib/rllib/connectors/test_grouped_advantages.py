@@ -16,13 +16,9 @@ from transformers import AutoTokenizer
 from envs.spaces import TextSpace
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages
-from gagpo_rllib.policy.generation.constraints import action_token_ids, allowed_token_masks
-from gagpo_rllib.rllib.connectors.grouped_advantages import (
-    GroupedAdvantages,
-    episode_rows,
-    stamp_training_groups,
-    uniform_groups,
-)
+from gagpo_rllib.policy.generation.base import action_token_ids, allowed_token_masks
+from gagpo_rllib.rllib.connectors.grouped_advantages import GroupedAdvantages
+from gagpo_rllib.rllib.groups import episode_rows, stamp_training_groups, uniform_groups
 
 ADMISSIBLE = ["go left", "go right", "look"]
 

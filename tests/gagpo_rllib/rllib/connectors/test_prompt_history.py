@@ -18,10 +18,8 @@ from transformers import AutoTokenizer
 from envs.spaces import TextSpace
 from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.columns import Columns
-from gagpo_rllib.policy.prompting import invalid_marker
 from gagpo_rllib.policy.rl_module import object_array
-from gagpo_rllib.rllib.connectors.env_to_module import PromptConnector
-from gagpo_rllib.rllib.connectors.module_to_env import ActionParserConnector
+from gagpo_rllib.rllib.connectors.rollout import ActionParserConnector, PromptConnector, invalid_marker
 
 # What a 135M chat model answered on ALFWorld: its own prompt, copied back (no <action> tag).
 GARBAGE = "[Action 3: You are a household robot acting in a text-based home\nblue elephant 42 cabinet"

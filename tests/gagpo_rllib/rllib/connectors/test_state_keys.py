@@ -12,10 +12,15 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.advantages import compute_advantages
-from gagpo_rllib.rllib.connectors.grouped_advantages import episode_rows
-from gagpo_rllib.rllib.connectors.state_keys import StateKeyConnector
+from gagpo_rllib.rllib.connectors.rollout import (
+    HistoryKey,
+    StateKeyConnector,
+    episode_state_keys,
+    normalize_text,
+    resolve_state_key,
+)
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner, PlannedEpisode
-from gagpo_rllib.rllib.state_keys import HistoryKey, episode_state_keys, normalize_text, resolve_state_key
+from gagpo_rllib.rllib.groups import episode_rows
 from tests.gagpo_rllib.toy_env import make_config
 
 # Two episodes of one group. Env keys differ in case and spacing only at step 1; both reach "On the drawer 3" but
@@ -108,9 +113,9 @@ def test_user_function_keys() -> None:
         ("", "must be one of"),
         (3, "must be one of"),
         ("no_such_package.keys:fn", "cannot import module 'no_such_package.keys'"),
-        ("gagpo_rllib.rllib.state_keys:no_such_function", "has no callable 'no_such_function'"),
-        ("gagpo_rllib.rllib.state_keys:", "package.module:function"),
-        ("gagpo_rllib.rllib.state_keys:FIELD", "has no callable 'FIELD'"),
+        ("gagpo_rllib.rllib.connectors.rollout:no_such_function", "has no callable 'no_such_function'"),
+        ("gagpo_rllib.rllib.connectors.rollout:", "package.module:function"),
+        ("gagpo_rllib.rllib.connectors.rollout:FIELD", "has no callable 'FIELD'"),
     ],
 )
 def test_bad_state_key_raises_naming_the_field(spec, message) -> None:

@@ -1,117 +1,19 @@
-"""Scale-out over N RLlib learners: whole groups per learner, one shared minibatch plan, resource checks.
-
-RLlib's own episode split (``ShardEpisodesIterator``) cuts episodes and ignores groups, but a group's advantages
-need all K of its episodes on one learner. ``GroupShardedTrainingData.shard`` bins whole groups, largest first
-onto the least-loaded learner, where the load is the number of *trainable* steps: those of the groups stamped to
-train (``grouped_advantages.stamp_training_groups``, called once per iteration by the driver).
-
-Under DDP every optimizer step all-reduces the gradients, so every learner must take the same number of steps
-whatever its shard size: each shard gets the same ``num_total_minibatches`` = ``num_epochs`` x ``ceil(largest
-shard / minibatch_size)``, and the learner splits its own rows into that many equal parts per epoch
-(``epoch_minibatches``). A part with no rows becomes a zero-weight step that still joins the all-reduce.
-
-Minibatches cover the batch exactly once per epoch, for any ``minibatch_size``: ``ceil(n / minibatch_size)``
-parts whose sizes differ by at most one, none larger than ``minibatch_size`` (RLlib's ``int(n / size)`` would
-leave the remainder untrained).
-"""
+"""Whether a config's learners and EnvRunners can be placed on the running cluster: CPU and GPU checks made
+before anything starts (``GAGPOConfig.validate``, ``GAGPO.default_resource_request``), so a run that cannot be
+placed fails with the numbers instead of waiting forever for resources."""
 
 from __future__ import annotations
 
-import dataclasses
-import heapq
-import math
 import os
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-from ray.rllib.core.learner.training_data import TrainingData
-
-from gagpo_rllib.columns import Columns
-from gagpo_rllib.rllib.connectors.grouped_advantages import trains
-
 __all__ = [
-    "GroupShardedTrainingData",
-    "assign_groups",
-    "epoch_minibatches",
-    "group_step_counts",
-    "minibatches_per_epoch",
     "cluster_capacity",
     "gpu_placement_problem",
     "placement_shortfall",
     "resource_shortfall",
 ]
-
-
-def group_step_counts(episodes: Sequence) -> dict[int, tuple[int, int]]:
-    """group id -> (trainable steps, all steps), in ascending group id; a group stamped not to train
-    (``stamp_training_groups``) has 0 trainable steps."""
-    counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for episode in episodes:
-        count = counts[int(episode.custom_data[Columns.GROUP_ID])]
-        count[0] += len(episode) if trains(episode) else 0
-        count[1] += len(episode)
-    return {g: (counts[g][0], counts[g][1]) for g in sorted(counts)}
-
-
-def assign_groups(counts: dict[int, tuple[int, int]], num_shards: int) -> list[list[int]]:
-    """Group ids per shard: largest (trainable, all) first onto the shard with the least (trainable, all, groups).
-
-    Deterministic (ties by group id, then shard index); with at least ``num_shards`` groups every shard gets one.
-    """
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    heap = [(0, 0, 0, i) for i in range(num_shards)]
-    shards: list[list[int]] = [[] for _ in range(num_shards)]
-    for gid in sorted(counts, key=lambda g: (-counts[g][0], -counts[g][1], g)):
-        trainable, steps, groups, i = heapq.heappop(heap)
-        shards[i].append(gid)
-        heapq.heappush(heap, (trainable + counts[gid][0], steps + counts[gid][1], groups + 1, i))
-    return shards
-
-
-def minibatches_per_epoch(largest_shard_rows: int, minibatch_size: int | None) -> int:
-    """Optimizer steps per epoch shared by all learners: no learner's minibatch exceeds ``minibatch_size``."""
-    if not minibatch_size:
-        return 1
-    return max(1, math.ceil(largest_shard_rows / int(minibatch_size)))
-
-
-def epoch_minibatches(
-    num_rows: int, num_parts: int, rng: np.random.Generator | None = None
-) -> list[np.ndarray]:
-    """Row indices of ``num_parts`` minibatches covering ``range(num_rows)`` once (shuffled when ``rng`` given).
-
-    Sizes differ by at most one; parts are empty only when ``num_rows < num_parts``.
-    """
-    order = rng.permutation(num_rows) if rng is not None else np.arange(num_rows)
-    return np.array_split(order, num_parts)
-
-
-@dataclasses.dataclass
-class GroupShardedTrainingData(TrainingData):
-    """Episodes for ``LearnerGroup.update(training_data=...)`` that shard by whole groups (see the module doc).
-
-    The episodes carry the driver's decision of which groups train (``stamp_training_groups``), which the
-    learner connector reads too: the trainable step counts used for balancing are the rows the learners train on.
-    """
-
-    def shard(self, num_shards: int, len_lookback_buffer: int | None = None, **kwargs: Any):
-        if self.episodes is None:
-            return super().shard(num_shards, len_lookback_buffer=len_lookback_buffer, **kwargs)
-        counts = group_step_counts(self.episodes)
-        by_group: dict[int, list] = defaultdict(list)
-        for episode in self.episodes:
-            by_group[int(episode.custom_data[Columns.GROUP_ID])].append(episode)
-        shards = assign_groups(counts, num_shards)
-        largest = max(sum(counts[g][0] for g in shard) for shard in shards)
-        per_epoch = minibatches_per_epoch(largest, kwargs.get("minibatch_size"))
-        total = per_epoch * int(kwargs.get("num_epochs", 1) or 1)
-        return [
-            (TrainingData(episodes=[e for g in shard for e in by_group[g]]), {"num_total_minibatches": total})
-            for shard in shards
-        ]
 
 
 def cluster_capacity() -> tuple[float, float, str] | None:

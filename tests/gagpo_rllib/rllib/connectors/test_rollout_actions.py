@@ -12,7 +12,7 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from envs.spaces import TextSpace
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.policy.rl_module import object_array
-from gagpo_rllib.rllib.connectors.module_to_env import ActionParserConnector
+from gagpo_rllib.rllib.connectors.rollout import ActionParserConnector
 
 ADMISSIBLE = ["go north", "take key"]
 

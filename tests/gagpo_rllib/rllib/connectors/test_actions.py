@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gagpo_rllib.policy.actions import ParsedAction, parse_action
+from gagpo_rllib.rllib.connectors.rollout import ParsedAction, parse_action
 
 
 @pytest.mark.parametrize(

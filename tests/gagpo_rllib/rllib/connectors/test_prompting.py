@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from gagpo_rllib.policy.prompting import PromptBuilder, load_env_templates
+from gagpo_rllib.rllib.connectors.rollout import PromptBuilder, load_env_templates
 
 FIRST = "Task: {task}\nStep {step}.\nYou see: {observation}\nActions:\n{admissible_actions}\n"
 LATER = (

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from gagpo_rllib.policy.generation.constraints import ActionTrie, action_token_ids, allowed_token_masks
+from gagpo_rllib.policy.generation.base import ActionTrie, action_token_ids, allowed_token_masks
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,14 @@ from envs.maze import MazeEnv
 from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.rllib.config import configure
-from gagpo_rllib.rllib.connectors.grouped_advantages import stamp_training_groups, trains
-from gagpo_rllib.rllib.sharding import (
+from gagpo_rllib.rllib.groups import (
     GroupShardedTrainingData,
     assign_groups,
     epoch_minibatches,
     group_step_counts,
     minibatches_per_epoch,
+    stamp_training_groups,
+    trains,
 )
 
 
@@ -171,7 +172,7 @@ def _gpu_config(**gagpo) -> GAGPOConfig:
 
 def test_placement_checks_name_the_problem_before_anything_starts(two_gpu_cluster) -> None:
     from gagpo_rllib.rllib.evaluation import with_validation
-    from gagpo_rllib.rllib.sharding import gpu_placement_problem, resource_shortfall
+    from gagpo_rllib.rllib.placement import gpu_placement_problem, resource_shortfall
 
     sharing = _gpu_config().learners(num_learners=2, num_gpus_per_learner=0.5)
     problem = gpu_placement_problem(sharing)

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from envs.spaces import TextSpace
 from gagpo_rllib.columns import Columns
-from gagpo_rllib.rllib.connectors.env_to_module import PromptConnector, recent_history
+from gagpo_rllib.rllib.connectors.rollout import PromptConnector, recent_history
 
 FIRST = "FIRST task={task} step={step} obs={observation} acts=[{admissible_actions}]"
 LATER = "LATER task={task} step={step} H={history_length} hist=[{history}] obs={observation} acts=[{admissible_actions}]"
