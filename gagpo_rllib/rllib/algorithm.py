@@ -386,7 +386,7 @@ class GAGPO(Algorithm):
         if counts != getattr(self, "_engine_counts", None):
             self._engine_counts = counts
             where = "; ".join(
-                f"{group} runner {r['worker_index']}: {r['engines']} (pid {r['pid']}, node {str(r['node_id'])[:8]},"
+                f"{group} runner {r[Columns.WORKER_INDEX]}: {r['engines']} (pid {r['pid']}, node {str(r['node_id'])[:8]},"
                 f" GPUs {r['gpu_ids']})"
                 for group, reports in census["reports"].items()
                 for r in reports

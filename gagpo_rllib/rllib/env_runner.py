@@ -30,6 +30,7 @@ import torch
 from ray.rllib.core.columns import Columns as RLlibColumns
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
+from envs.protocol import TASK_ID
 from gagpo_rllib.columns import Columns
 from gagpo_rllib.method.seeds import derive_seed
 from gagpo_rllib.policy.generation.base import GenerationBackend
@@ -131,7 +132,7 @@ class GAGPOEnvRunner(RunnerInternals):
             engines = sys.modules["gagpo_rllib.policy.generation.vllm"].engines_started()
         context = ray.get_runtime_context() if ray.is_initialized() else None
         return {
-            "worker_index": int(self.worker_index or 0),
+            Columns.WORKER_INDEX: int(self.worker_index or 0),
             "pid": os.getpid(),
             "node_id": context.get_node_id() if context is not None else None,
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()] if context is not None else [],
@@ -382,7 +383,7 @@ class _Rollout:
             )
             t0 = time.perf_counter()
             try:
-                obs, info = self.envs[i].reset(seed=item.env_seed, options={"task_id": item.task_id})
+                obs, info = self.envs[i].reset(seed=item.env_seed, options={TASK_ID: item.task_id})
             except Exception as err:  # noqa: BLE001 - any env failure ends the episode, not the run
                 self.env_error(item, "reset", 0, err)
                 continue

@@ -251,8 +251,8 @@ def record(episode: Any) -> EpisodeRecord:
     invalid = [bool(x) for x in episode.get_extra_model_outputs(Columns.INVALID)]
     provenance = final.get(PROVENANCE)
     return EpisodeRecord(
-        task_id=int(episode.custom_data["task_id"]),
-        member=int(episode.custom_data["member"]),
+        task_id=int(episode.custom_data[Columns.TASK_ID]),
+        member=int(episode.custom_data[Columns.MEMBER]),
         task_type=end.task_type,
         won=end.won,
         episode_return=float(episode.get_return()),
@@ -694,8 +694,8 @@ class StepDump:
             if out_ids is not None:
                 stop = "end_token" if len(out_ids) and int(out_ids[-1]) == self.end_id else "length"
             line = {
-                "task_id": int(episode.custom_data.get("task_id", -1)),
-                "member": int(episode.custom_data.get("member", 0)),
+                Columns.TASK_ID: int(episode.custom_data.get(Columns.TASK_ID, -1)),
+                Columns.MEMBER: int(episode.custom_data.get(Columns.MEMBER, 0)),
                 TASK_TYPE: end.task_type,
                 "step": t + 1,
                 "prompt": None if ids is None else self.tokenizer.decode(list(ids)),
@@ -705,7 +705,7 @@ class StepDump:
                 "stop": stop,
                 "valid": not bool(invalid[t]),
                 "action": str(env_action[t]),
-                "invalid_reason": str(why[t]) if bool(invalid[t]) else "",
+                Columns.INVALID_REASON: str(why[t]) if bool(invalid[t]) else "",
                 "reward": float(rewards[t]),
                 "done": t == n - 1,
                 WON: end.won,

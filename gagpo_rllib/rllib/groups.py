@@ -47,6 +47,7 @@ from ray.rllib.core.learner.training_data import TrainingData
 from envs import protocol
 from envs.protocol import outcome
 from gagpo_rllib.columns import Columns
+from gagpo_rllib.method.advantages import REQUIRED_COLUMNS
 
 if TYPE_CHECKING:  # group_sampling and env_runner import the sharding below through rllib_internals
     from gagpo_rllib.rllib.env_runner import PlannedEpisode
@@ -88,13 +89,14 @@ class StepRows:
 
     def columns(self, keep: np.ndarray | None = None) -> dict[str, Any]:
         sel = np.arange(len(self.reward)) if keep is None else np.flatnonzero(keep)
-        # The advantage table's columns (gagpo_rllib.method.advantages names them itself).
-        return {
-            "group_id": self.group_id[sel],
-            "episode_id": [self.episode_id[i] for i in sel],
-            "reward": self.reward[sel],
-            "state_key": [self.state_key[i] for i in sel],
-        }
+        # The advantage table's columns, in the order gagpo_rllib.method.advantages names them.
+        values = (
+            self.group_id[sel],
+            [self.episode_id[i] for i in sel],
+            self.reward[sel],
+            [self.state_key[i] for i in sel],
+        )
+        return dict(zip(REQUIRED_COLUMNS, values, strict=True))
 
 
 def group_id(episode) -> int:

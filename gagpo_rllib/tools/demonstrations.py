@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.protocol import outcome
+from envs.protocol import TASK_ID, outcome
 from gagpo_rllib.method.seeds import DEMONSTRATION_TASKS_SALT, salted_rng
 
 __all__ = [
@@ -160,7 +160,7 @@ def alfworld_demonstrations(
             continue
         try:
             demo = _replay(
-                env, int(task_id), [str(a) for a in walkthrough], reset_options={"task_id": task_id}
+                env, int(task_id), [str(a) for a in walkthrough], reset_options={TASK_ID: task_id}
             )
         except _NotAdmissible as err:
             skipped["walkthrough command not admissible"] += 1
@@ -176,7 +176,7 @@ def alfworld_demonstrations(
 
 def _webshop_script(env: Any, task_id: int, goal: dict) -> list[str] | None:
     """The purchase script of ``goal`` on a fresh episode (played through ``env``), or None if it cannot buy."""
-    _, info = env.reset(seed=0, options={"task_id": task_id})
+    _, info = env.reset(seed=0, options={TASK_ID: task_id})
     searches = [a for a in info["admissible_actions"] if a.startswith("search[") and a != SEARCH_TEMPLATE]
     # Under the env's "goal_prefix" search grammar the longest offered search is the one admissible full query.
     actions = [searches[-1] if searches else f"search[{goal['query']}]"]
@@ -248,7 +248,7 @@ def webshop_demonstrations(
             )
             continue
         demo = _replay(
-            _TypedSearch(env, script[0]), int(task_id), script, reset_options={"task_id": int(task_id)}
+            _TypedSearch(env, script[0]), int(task_id), script, reset_options={TASK_ID: int(task_id)}
         )
         if not demo.won:
             skipped["purchase does not win"] += 1

@@ -17,6 +17,7 @@ from envs.alfworld.wheel import grammar_path, read_grammar
 from envs.maze import FIRST_PROMPT_TEMPLATE as MAZE_FIRST_PROMPT_TEMPLATE
 from envs.maze import PROMPT_TEMPLATE as MAZE_PROMPT_TEMPLATE
 from envs.maze import MazeEnv
+from envs.protocol import TASK_ID
 from envs.webshop import WebShopEnv
 from envs.webshop.prompts import FIRST_PROMPT_TEMPLATE as WEBSHOP_FIRST_PROMPT_TEMPLATE
 from envs.webshop.prompts import PROMPT_TEMPLATE as WEBSHOP_PROMPT_TEMPLATE
@@ -83,7 +84,7 @@ def webshop_corpus(num_goals: int = 24) -> list[str]:
     env = WebShopEnv(WEBSHOP_CPU_ENV_CONFIG)
     texts: list[str] = []
     for task_id in range(min(num_goals, env.num_tasks)):
-        obs, info = env.reset(seed=0, options={"task_id": task_id})
+        obs, info = env.reset(seed=0, options={TASK_ID: task_id})
         texts += [obs, info["task"], *info["admissible_actions"]]
         obs, _, _, _, info = env.step(info["admissible_actions"][-1])
         texts += [obs, *info["admissible_actions"]]

