@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
+    "DTYPES",
     "CHATML_TEMPLATE",
     "SPECIAL_TOKENS",
     "build_tiny_policy",
@@ -28,6 +29,9 @@ __all__ = [
     "smollm2_gguf",
     "stdlib_corpus",
 ]
+
+# The compute dtypes a run may name (GAGPOConfig.dtype, SFTSettings.dtype, rllib export --dtype).
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 logger = logging.getLogger(__name__)
 

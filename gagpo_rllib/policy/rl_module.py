@@ -58,7 +58,7 @@ from gagpo_rllib.policy.lora import (
     merged_state,
     trainable_names,
 )
-from gagpo_rllib.policy.models import load_policy
+from gagpo_rllib.policy.models import DTYPES, load_policy
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ __all__ = ["LLMRLModule", "object_array"]
 # The policy's parameters in this module's state: "model." + the Hugging Face name.
 _POLICY_PREFIX = "model."
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def object_array(items: Any) -> np.ndarray:
@@ -109,10 +108,10 @@ class LLMRLModule(TorchRLModule):
         if not path:
             raise ValueError("model_config['model_path'] is required: a causal LM folder or hub id")
         dtype_name = cfg.get("dtype", "float32")
-        if dtype_name not in _DTYPES:
-            raise ValueError(f"model_config['dtype'] must be one of {sorted(_DTYPES)}, got {dtype_name!r}")
+        if dtype_name not in DTYPES:
+            raise ValueError(f"model_config['dtype'] must be one of {sorted(DTYPES)}, got {dtype_name!r}")
         self.model_path = str(path)
-        self.dtype = _DTYPES[dtype_name]
+        self.dtype = DTYPES[dtype_name]
         pure = bool(cfg.get("pure_low_precision", False))
         self.param_dtype = self.dtype if (self.inference_only or pure) else torch.float32
         self.sharded = False  # set by shard_fsdp() on FSDP learners

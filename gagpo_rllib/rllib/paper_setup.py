@@ -78,7 +78,7 @@ def scale_out_from_env() -> tuple[int, int]:
 
 def sharding_from_env() -> str:
     """``GAGPO_LEARNER_SHARDING`` (unset: "ddp"): how the paper-setup learners hold the model, "ddp" or "fsdp"."""
-    from gagpo_rllib.rllib.config import SHARDINGS
+    from gagpo_rllib.rllib.fields import SHARDINGS
 
     value = os.environ.get("GAGPO_LEARNER_SHARDING", "ddp")
     if value not in SHARDINGS:

@@ -11,6 +11,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from gagpo_rllib.rllib.fields import FIELD
+
 __all__ = ["main", "build_parser"]
 
 
@@ -171,8 +173,8 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         help="constrained decoding (default: the config's; off for a bare model)",
     )
     p.add_argument("--max-new-tokens", type=int, default=None, help="generation limit per turn")
-    p.add_argument("--backend", choices=["hf", "vllm"], default=None, help="generation backend")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="model dtype")
+    p.add_argument("--backend", choices=FIELD["backend"].choices, default=None, help="generation backend")
+    p.add_argument("--dtype", choices=FIELD["dtype"].choices, default=None, help="model dtype")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs for the local Ray instance")
     p.add_argument("--out", default="eval_results", help="folder for the CSV and JSON (default eval_results)")
     p.add_argument(
@@ -198,7 +200,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", help="Algorithm checkpoint folder (or its rl_module/default_policy folder)")
     p.add_argument("out_dir", help="output folder")
     p.add_argument("--base-model", default=None, help="the run's starting model, if it has moved")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="saved dtype")
+    p.add_argument("--dtype", choices=FIELD["dtype"].choices, default=None, help="saved dtype")
     p.add_argument(
         "--adapter-dir", default=None, help="LoRA runs: also write the adapters here (peft's format)"
     )
@@ -241,9 +243,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
         help="softmax over the admissible actions' tokens (default: the config's constrained_decoding)",
     )
     p.add_argument("--temperature", type=float, default=None, help="softmax temperature (default: config's)")
-    p.add_argument(
-        "--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="model dtype"
-    )
+    p.add_argument("--dtype", choices=FIELD["dtype"].choices, default="float32", help="model dtype")
     p.add_argument(
         "--think",
         action=argparse.BooleanOptionalAction,

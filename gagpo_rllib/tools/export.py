@@ -21,14 +21,13 @@ import torch
 from transformers import GenerationConfig
 
 from gagpo_rllib.policy.lora import apply_lora, merged_state
-from gagpo_rllib.policy.models import load_policy
+from gagpo_rllib.policy.models import DTYPES, load_policy
 from gagpo_rllib.rllib.evaluation import MODULE_PATH, is_checkpoint
 
 __all__ = ["export_checkpoint", "module_dir", "read_module_checkpoint"]
 
 # The LLMRLModule keeps the causal LM as its ``model`` attribute: its parameters are named "model.<hf name>".
 _PREFIX = "model."
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def module_dir(checkpoint: str | os.PathLike) -> Path:
@@ -82,8 +81,8 @@ def export_checkpoint(
     if not base:
         raise ValueError(f"{checkpoint}: the checkpoint names no model_path; pass base_model")
     dtype_name = dtype or model_config.get("dtype", "float32")
-    if dtype_name not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype_name!r}")
+    if dtype_name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype_name!r}")
     try:
         model, tokenizer = load_policy(base, dtype=torch.float32)
     except (FileNotFoundError, ValueError) as err:
@@ -104,7 +103,7 @@ def export_checkpoint(
             f"the checkpoint's weights do not fit the base model {base!r}: missing {missing[:5]}, "
             f"unexpected {sorted(result.unexpected_keys)[:5]}"
         )
-    model.to(_DTYPES[dtype_name])
+    model.to(DTYPES[dtype_name])
     model.config.dtype = dtype_name
     model.generation_config = generation_config(model_config, tokenizer)
     out = Path(out_dir)

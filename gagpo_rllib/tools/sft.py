@@ -29,7 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gagpo_rllib.method.seeds import SFT_HELDOUT_SALT, SFT_ORDER_SALT, SFT_SUBSET_SALT, salted_rng
 from gagpo_rllib.policy.generation.base import ActionTrie, action_token_ids, end_token_id
 from gagpo_rllib.policy.logprobs import action_logprobs
-from gagpo_rllib.policy.models import load_policy
+from gagpo_rllib.policy.models import DTYPES, load_policy
 from gagpo_rllib.rllib.connectors.rollout import PromptBuilder
 from gagpo_rllib.tools.demonstrations import Demonstration, DemoSet, reasoning_line
 
@@ -38,7 +38,6 @@ __all__ = ["Example", "SFTResult", "SFTSettings", "build_examples", "finetune", 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "sft.json"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -84,7 +83,7 @@ class SFTSettings:
             self.max_prompt_tokens is None or self.max_prompt_tokens >= 1, "max_prompt_tokens", "None or >= 1"
         )
         need(self.temperature > 0, "temperature", "> 0")
-        need(self.dtype in _DTYPES, "dtype", f"one of {sorted(_DTYPES)}")
+        need(self.dtype in DTYPES, "dtype", f"one of {sorted(DTYPES)}")
         need(
             self.system_prompt is None or isinstance(self.system_prompt, str),
             "system_prompt",
@@ -292,7 +291,7 @@ def finetune(
     demo_set = demos() if callable(demos) else demos
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_policy(model_path, dtype=torch.float32, device=device)
-    compute = _DTYPES[settings.dtype]
+    compute = DTYPES[settings.dtype]
     precision = (
         torch.autocast(device_type=torch.device(device).type, dtype=compute)
         if compute != torch.float32
