@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gagpo_rllib import moved
+
+# Checkpoints of earlier versions name modules that have moved since (``gagpo_rllib.moved``).
+moved.install()
+
 __all__ = ["GAGPO", "GAGPOConfig"]
 
 

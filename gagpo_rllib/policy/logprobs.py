@@ -483,30 +483,21 @@ def token_scores(
     compute = (
         torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
     )
+    args = (
+        hidden,
+        weight,
+        targets,
+        allowed,
+        float(temperature),
+        int(slice_tokens),
+        bool(with_entropy),
+        compute,
+    )
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        out = _TokenScores.apply(
-            hidden,
-            weight,
-            targets,
-            allowed,
-            float(temperature),
-            int(slice_tokens),
-            bool(with_entropy),
-            compute,
-        )
+        out = _TokenScores.apply(*args)
         return out[0], out[1] if with_entropy else None
     with torch.no_grad():
-        logp, entropy = _scores_forward(
-            hidden,
-            weight,
-            targets,
-            allowed,
-            float(temperature),
-            int(slice_tokens),
-            bool(with_entropy),
-            compute,
-        )
-    return logp, entropy
+        return _scores_forward(*args)
 
 
 def _slice_scaled(

@@ -31,7 +31,11 @@ __all__ = [
 ]
 
 # The compute dtypes a run may name (GAGPOConfig.dtype, SFTSettings.dtype, rllib export --dtype).
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 logger = logging.getLogger(__name__)
 

@@ -69,7 +69,6 @@ __all__ = ["LLMRLModule", "object_array"]
 _POLICY_PREFIX = "model."
 
 
-
 def object_array(items: Any) -> np.ndarray:
     """A 1-D object array (RLlib keeps those whole; a list of lists or strings would be split)."""
     items = list(items)

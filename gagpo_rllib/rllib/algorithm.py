@@ -30,6 +30,7 @@ from ray.rllib.utils.metrics import (
 
 from envs.protocol import outcome
 from gagpo_rllib.columns import Columns
+from gagpo_rllib.rllib.checkpoints import write_version
 from gagpo_rllib.rllib.config import GAGPOConfig
 from gagpo_rllib.rllib.engine_sleep import rollout_engines_asleep
 from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats
@@ -198,6 +199,7 @@ class GAGPO(Algorithm):
             self.learner_group.foreach_learner(lambda learner: learner.gather_reference_caches())
         path = super().save_to_path(*args, **kwargs)
         write_rollout_weights(self.learner_group, path)
+        write_version(path)
         if self.config.shards_learners:
             self.learner_group.foreach_learner(lambda learner: learner.release_full_state())
         return path

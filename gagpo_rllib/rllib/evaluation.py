@@ -17,7 +17,6 @@ import json
 import logging
 import math
 import os
-import pickle
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -26,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs.protocol import GENERIC_TABLE, PROVENANCE, TASK_TYPE, WON, EvalTable, check_env_class, outcome
 from gagpo_rllib.columns import Columns
+from gagpo_rllib.rllib.checkpoints import MODULE_PATH
 from gagpo_rllib.rllib.config import GAGPOConfig, configure
 from gagpo_rllib.rllib.group_sampling import (
     ask_env_runner,
@@ -44,16 +43,13 @@ __all__ = [
     "EpisodeRecord",
     "EvalReport",
     "EvalSettings",
-    "MODULE_PATH",
     "StepDump",
     "invalid_reasons",
     "build_evaluator",
     "play",
     "config_for_model",
-    "config_from_checkpoint",
     "evaluate",
     "evaluation_plan",
-    "is_checkpoint",
     "summarise",
     "BackgroundValidation",
     "report_validation",
@@ -64,7 +60,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Where an Algorithm checkpoint keeps the policy (RLlib's component path of the single module).
-MODULE_PATH = "learner_group/learner/rl_module/default_policy"
 
 
 @dataclass
@@ -264,31 +259,6 @@ def record(episode: Any) -> EpisodeRecord:
 
 
 # ----------------------------------------------------------------------------------------------- configs
-def is_checkpoint(path: str | os.PathLike) -> bool:
-    """True for an RLlib Algorithm checkpoint folder (it holds rllib_checkpoint.json and the policy)."""
-    p = Path(path)
-    return (p / "rllib_checkpoint.json").is_file() and (p / MODULE_PATH).is_dir()
-
-
-def config_from_checkpoint(checkpoint: str | os.PathLike) -> GAGPOConfig:
-    """The GAGPOConfig an Algorithm checkpoint was trained with (unfrozen, its init callbacks dropped)."""
-    path = Path(checkpoint)
-    if not is_checkpoint(path):
-        raise FileNotFoundError(
-            f"not an RLlib Algorithm checkpoint (no rllib_checkpoint.json or policy): {path}"
-        )
-    with open(path / "class_and_ctor_args.pkl", "rb") as handle:
-        ctor = pickle.load(handle)
-    state = ctor["ctor_args_and_kwargs"][0][0]
-    config = AlgorithmConfig.from_state(state)
-    if not isinstance(config, GAGPOConfig):
-        raise ValueError(f"{path} is a {type(config).__name__} checkpoint, not a GAGPO one")
-    config = config.copy(copy_frozen=False)
-    # A run started with --restore carries a callback that loads that older checkpoint: not wanted here.
-    config.callbacks_on_algorithm_init = None
-    return config
-
-
 def config_for_model(
     model_path: str,
     env: type | None = None,

@@ -99,15 +99,16 @@ class StepRows:
         return dict(zip(REQUIRED_COLUMNS, values, strict=True))
 
 
+def _custom(episode, key: str, hint: str) -> Any:
+    try:
+        return episode.custom_data[key]
+    except KeyError:
+        raise KeyError(f"episode {episode.id_} has no custom_data['{key}']: {hint}") from None
+
+
 def group_id(episode) -> int:
     """The episode's group (``custom_data[Columns.GROUP_ID]``, set from the driver's plan)."""
-    try:
-        return int(episode.custom_data[Columns.GROUP_ID])
-    except KeyError:
-        raise KeyError(
-            f"episode {episode.id_} has no custom_data['{Columns.GROUP_ID}']: sample with"
-            " GAGPOEnvRunner.sample_groups"
-        ) from None
+    return int(_custom(episode, Columns.GROUP_ID, "sample with GAGPOEnvRunner.sample_groups"))
 
 
 # Step rows of the episodes this process read last (a bounded LRU): each episode is flattened once per process.
@@ -219,13 +220,8 @@ def stamp_training_groups(
 
 def trains(episode) -> bool:
     """The stamp of ``stamp_training_groups``: whether the episode's group trains in this update."""
-    try:
-        return bool(episode.custom_data[Columns.TRAINS])
-    except KeyError:
-        raise KeyError(
-            f"episode {episode.id_} has no custom_data['{Columns.TRAINS}']: stamp the batch with"
-            " stamp_training_groups (GAGPO.training_step does)"
-        ) from None
+    hint = "stamp the batch with stamp_training_groups (GAGPO.training_step does)"
+    return bool(_custom(episode, Columns.TRAINS, hint))
 
 
 def reward_signal_shares(episodes: list) -> dict[str, float]:

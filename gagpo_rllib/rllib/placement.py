@@ -73,20 +73,19 @@ def resource_shortfall(config: Any) -> str | None:
         + n_runners * float(config.num_cpus_per_env_runner or 0)
         + n_eval * eval_cpu
     )
-    evaluation = f" + evaluation_num_env_runners={n_eval} x {eval_gpu:g}" if n_eval else ""
-    if want_gpu > have_gpu + 1e-9:
-        return (
-            f"num_learners={n_learners} x num_gpus_per_learner={gpu_per_learner:g} + num_env_runners={n_runners}"
-            f" x num_gpus_per_env_runner={gpu_per_runner:g}{evaluation} asks for {want_gpu:g} GPUs;"
-            f" {where} has {have_gpu:g}"
-        )
-    evaluation = f" + evaluation_num_env_runners={n_eval} x {eval_cpu:g}" if n_eval else ""
-    if want_cpu > have_cpu + 1e-9:
-        return (
-            f"num_learners={n_learners} x num_cpus_per_learner={cpu_per_learner:g} + num_env_runners={n_runners}"
-            f" x num_cpus_per_env_runner={config.num_cpus_per_env_runner:g}{evaluation} asks for {want_cpu:g}"
-            f" CPUs; {where} has {have_cpu:g}"
-        )
+    per_runner_cpu = float(config.num_cpus_per_env_runner or 0)
+    for kind, want, have, learner, runner, per_eval in (
+        ("GPU", want_gpu, have_gpu, gpu_per_learner, gpu_per_runner, eval_gpu),
+        ("CPU", want_cpu, have_cpu, float(cpu_per_learner), per_runner_cpu, eval_cpu),
+    ):
+        if want > have + 1e-9:
+            unit = kind.lower()
+            evaluation = f" + evaluation_num_env_runners={n_eval} x {per_eval:g}" if n_eval else ""
+            return (
+                f"num_learners={n_learners} x num_{unit}s_per_learner={learner:g} + num_env_runners={n_runners}"
+                f" x num_{unit}s_per_env_runner={runner:g}{evaluation} asks for {want:g} {kind}s; {where} has"
+                f" {have:g}"
+            )
     return None
 
 

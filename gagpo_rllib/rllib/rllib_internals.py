@@ -553,24 +553,12 @@ def route_learner_group_syncs(
     syncs with global variables, or from an EnvRunner, stay RLlib's ``EnvRunnerGroup.sync_weights``."""
     rllib_sync = group.sync_weights
 
-    def sync_weights(
-        policies: Any = None,
-        from_worker_or_learner_group: Any = None,
-        to_worker_indices: Any = None,
-        global_vars: Any = None,
-        timeout_seconds: float | None = 0.0,
-        inference_only: bool | None = False,
-    ) -> None:
-        if from_worker_or_learner_group is learner_group and inference_only and global_vars is None:
-            sync(group, learner_group, None if to_worker_indices is None else list(to_worker_indices))
+    def sync_weights(policies: Any = None, from_worker_or_learner_group: Any = None, **kwargs: Any) -> None:
+        ours = from_worker_or_learner_group is learner_group and kwargs.get("global_vars") is None
+        if ours and kwargs.get("inference_only", False):
+            workers = kwargs.get("to_worker_indices")
+            sync(group, learner_group, None if workers is None else list(workers))
             return
-        rllib_sync(
-            policies=policies,
-            from_worker_or_learner_group=from_worker_or_learner_group,
-            to_worker_indices=to_worker_indices,
-            global_vars=global_vars,
-            timeout_seconds=timeout_seconds,
-            inference_only=inference_only,
-        )
+        rllib_sync(policies=policies, from_worker_or_learner_group=from_worker_or_learner_group, **kwargs)
 
     group.sync_weights = sync_weights

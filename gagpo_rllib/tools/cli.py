@@ -139,6 +139,15 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="learning_curves.png", help="output PNG (default learning_curves.png)")
 
 
+def _add_env_options(p: argparse.ArgumentParser, env_help: str, file_sets: str) -> None:
+    """--env, --file and --env-config: where a command's env (and its config) come from."""
+    p.add_argument("--env", default=None, help=env_help)
+    p.add_argument("--file", default=None, help=f"tuned-example file whose `config` sets {file_sets}")
+    p.add_argument(
+        "--env-config", type=_json_object, default=None, help="JSON env_config (merged into the config's)"
+    )
+
+
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "evaluate",
@@ -150,14 +159,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         "--env or --file).",
     )
     p.add_argument("source", help="checkpoint folder, or a model folder / hub id")
-    p.add_argument("--env", default=None, help="maze, alfworld, webshop or package.module:Class")
-    p.add_argument("--file", default=None, help="tuned-example file whose `config` sets env and decoding")
-    p.add_argument(
-        "--env-config",
-        type=_json_object,
-        default=None,
-        help="JSON env_config (for --env, or merged into the config's)",
-    )
+    _add_env_options(p, "maze, alfworld, webshop or package.module:Class", "env and decoding")
     p.add_argument("--split", default=None, help="evaluation split (default: the env's: valid_unseen, eval)")
     p.add_argument("--temperature", type=float, default=0.4, help="sampling temperature (default 0.4)")
     p.add_argument("--num-tasks", type=int, default=None, help="tasks to play (default: the whole split)")
@@ -217,13 +219,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", help="base model folder or hub id")
     p.add_argument("out_dir", help="output model folder")
-    p.add_argument("--env", default=None, help="alfworld or webshop (or give --file)")
-    p.add_argument(
-        "--file", default=None, help="tuned-example file whose `config` sets env, prompts, decoding"
-    )
-    p.add_argument(
-        "--env-config", type=_json_object, default=None, help="JSON env_config (merged into the config's)"
-    )
+    _add_env_options(p, "alfworld or webshop (or give --file)", "env, prompts, decoding")
     p.add_argument("--data-dir", default=None, help="ALFWorld data folder (default: the bundled games)")
     p.add_argument("--split", default="train", help="split whose demonstrations to use (default train)")
     p.add_argument(

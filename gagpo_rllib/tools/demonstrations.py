@@ -159,9 +159,7 @@ def alfworld_demonstrations(
             logger.warning("alfworld_demonstrations: %s has no walkthrough", game_file)
             continue
         try:
-            demo = _replay(
-                env, int(task_id), [str(a) for a in walkthrough], reset_options={TASK_ID: task_id}
-            )
+            demo = _replay(env, int(task_id), [str(a) for a in walkthrough], reset_options={TASK_ID: task_id})
         except _NotAdmissible as err:
             skipped["walkthrough command not admissible"] += 1
             logger.warning("alfworld_demonstrations: %s: %s", game_file, err)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -22,35 +21,20 @@ from transformers import GenerationConfig
 
 from gagpo_rllib.policy.lora import apply_lora, merged_state
 from gagpo_rllib.policy.models import DTYPES, load_policy
-from gagpo_rllib.rllib.evaluation import MODULE_PATH, is_checkpoint
+from gagpo_rllib.rllib.checkpoints import load_pickle, module_dir
 
-__all__ = ["export_checkpoint", "module_dir", "read_module_checkpoint"]
+__all__ = ["export_checkpoint", "read_module_checkpoint"]
 
 # The LLMRLModule keeps the causal LM as its ``model`` attribute: its parameters are named "model.<hf name>".
 _PREFIX = "model."
 
 
-def module_dir(checkpoint: str | os.PathLike) -> Path:
-    """The policy folder of an Algorithm checkpoint, or ``checkpoint`` itself when it is a module folder."""
-    path = Path(checkpoint)
-    if is_checkpoint(path):
-        return path / MODULE_PATH
-    if (path / "module_state.pkl").is_file() and (path / "class_and_ctor_args.pkl").is_file():
-        return path
-    raise FileNotFoundError(
-        f"{path}: not an RLlib Algorithm checkpoint nor an RLModule folder (no rllib_checkpoint.json, no "
-        f"{MODULE_PATH}/module_state.pkl)"
-    )
-
-
 def read_module_checkpoint(checkpoint: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(model_config, Hugging Face state dict) of the policy stored in ``checkpoint``."""
     folder = module_dir(checkpoint)
-    with open(folder / "class_and_ctor_args.pkl", "rb") as handle:
-        ctor = pickle.load(handle)
+    ctor = load_pickle(folder / "class_and_ctor_args.pkl")
     model_config = dict(ctor["ctor_args_and_kwargs"][1].get("model_config") or {})
-    with open(folder / "module_state.pkl", "rb") as handle:
-        state = pickle.load(handle)
+    state = load_pickle(folder / "module_state.pkl")
     weights = {
         name[len(_PREFIX) :]: torch.as_tensor(value)
         for name, value in state.items()

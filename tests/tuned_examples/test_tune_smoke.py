@@ -12,7 +12,7 @@ import ray
 from ray import tune
 
 from gagpo_rllib import GAGPOConfig
-from gagpo_rllib.rllib.evaluation import config_from_checkpoint
+from gagpo_rllib.rllib.checkpoints import config_from_checkpoint
 from gagpo_rllib.tools.train import load_train_file
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -100,6 +100,17 @@ class GenerationRequest:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class SampleBatch:
+    """``generate``'s checked arguments: non-empty prompts, their sampling, admissible lists and one seed per row
+    (None: the global RNG)."""
+
+    prompts: list[str]
+    sampling: SamplingConfig
+    admissible: list[list[str]] | None
+    seeds: list[int] | None
+
+
 class GenerationBackend(ABC):
     """Samples one answer per prompt; follows the learner's weights via update_weights.
 
@@ -135,7 +146,6 @@ class GenerationBackend(ABC):
             budget = int(longest_action)
         return budget
 
-    @abstractmethod
     def generate(
         self,
         prompts: list[str],
@@ -147,8 +157,22 @@ class GenerationBackend(ABC):
         """Sample one answer per prompt; ``admissible`` (one list per prompt) is required when constrained.
 
         ``seed``: None (the global RNG), an int (mixed with each prompt's index) or one int per prompt; see
-        ``row_seeds``.
+        ``row_seeds``. The template of every backend: check (``check_ready``), then ``sample`` with one seed per row.
         """
+        if not prompts:
+            return []
+        self.check_ready(prompts, sampling, admissible, "generate")
+        return self.sample(SampleBatch(prompts, sampling, admissible, row_seeds(seed, len(prompts))))
+
+    def check_ready(
+        self, prompts: list[str], sampling: SamplingConfig, admissible: list[list[str]] | None, call: str
+    ) -> None:
+        """What ``generate`` and ``submit`` check first (base: one admissible list per prompt when constrained)."""
+        self.check_admissible(prompts, sampling, admissible)
+
+    @abstractmethod
+    def sample(self, batch: SampleBatch) -> list[GenerationOutput]:
+        """``generate``'s work on checked, non-empty arguments (``SampleBatch``)."""
 
     def submit(self, requests: Sequence[GenerationRequest], *, sampling: SamplingConfig) -> None:
         """Queue requests; their answers come back from ``collect``. Keys must be unique among those in flight."""

@@ -26,11 +26,10 @@ from gagpo_rllib.policy.generation.base import (
     ActionTrie,
     GenerationBackend,
     GenerationOutput,
+    SampleBatch,
     SamplingConfig,
-    Seed,
     action_token_ids,
     end_token_id,
-    row_seeds,
 )
 from gagpo_rllib.policy.logprobs import (
     cache_keyword,
@@ -101,18 +100,8 @@ class HFGenerationBackend(GenerationBackend):
                 raise ValueError(f"prompts[{i}]: encodes to no tokens")
         return [list(p) for p in ids]
 
-    def generate(
-        self,
-        prompts: list[str],
-        *,
-        sampling: SamplingConfig,
-        admissible: list[list[str]] | None = None,
-        seed: Seed = None,
-    ) -> list[GenerationOutput]:
-        if not prompts:
-            return []
-        self.check_admissible(prompts, sampling, admissible)
-        seeds = row_seeds(seed, len(prompts))
+    def sample(self, batch: SampleBatch) -> list[GenerationOutput]:
+        prompts, sampling, admissible, seeds = batch.prompts, batch.sampling, batch.admissible, batch.seeds
         prompt_ids = self._encode(prompts)
         # prefill each distinct prompt once; rows[b] is row b's distinct prompt (None: all distinct, no copy).
         # The padded width is the longest prompt's either way, so every row sees the mask it would undeduped.

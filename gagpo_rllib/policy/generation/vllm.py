@@ -95,11 +95,10 @@ from gagpo_rllib.policy.generation.base import (
     GenerationBackend,
     GenerationOutput,
     GenerationRequest,
+    SampleBatch,
     SamplingConfig,
-    Seed,
     action_token_ids,
     end_token_id,
-    row_seeds,
 )
 
 __all__ = [
@@ -401,21 +400,11 @@ class VLLMGenerationBackend(GenerationBackend):
             **extra,
         )
 
-    def generate(
-        self,
-        prompts: list[str],
-        *,
-        sampling: SamplingConfig,
-        admissible: list[list[str]] | None = None,
-        seed: Seed = None,
-    ) -> list[GenerationOutput]:
-        """Sample one answer per prompt; request i is seeded with ``row_seeds(seed, n)[i]``."""
-        if not prompts:
-            return []
-        self._check_ready(prompts, sampling, admissible, "generate")
+    def sample(self, batch: SampleBatch) -> list[GenerationOutput]:
+        """One engine call; request i is seeded with ``seeds[i]``."""
+        prompts, sampling, admissible, seeds = batch.prompts, batch.sampling, batch.admissible, batch.seeds
         if self.in_flight():
             raise RuntimeError("generate: submitted requests are still in flight; collect them first")
-        seeds = row_seeds(seed, len(prompts))
         requests, params = self._requests(prompts, sampling, admissible, seeds)
         # vLLM's sampler draws from torch's global RNG even for seeded requests: with every request seeded the
         # caller's RNG is left as it was (unseeded requests sample from it, as the interface says).
@@ -430,11 +419,11 @@ class VLLMGenerationBackend(GenerationBackend):
             for i, out in enumerate(outputs)
         ]
 
-    def _check_ready(
+    def check_ready(
         self, prompts: list[str], sampling: SamplingConfig, admissible: list[list[str]] | None, call: str
     ) -> None:
         """What both ways in check first: the admissible lists, vLLM's temperature range, an awake engine."""
-        self.check_admissible(prompts, sampling, admissible)
+        super().check_ready(prompts, sampling, admissible, call)
         check_temperature(sampling.temperature, "sampling.temperature")
         if self.sleep_level is not None:
             raise RuntimeError(f"the vLLM engine is asleep: call wake_up() (or update_weights) before {call}")
@@ -502,7 +491,7 @@ class VLLMGenerationBackend(GenerationBackend):
             return
         prompts = [r.prompt for r in requests]
         admissible = [list(r.admissible or []) for r in requests] if sampling.constrained else None
-        self._check_ready(prompts, sampling, admissible, "submit")
+        self.check_ready(prompts, sampling, admissible, "submit")
         seeds = [r.seed for r in requests]
         tokens, params = self._requests(prompts, sampling, admissible, None if None in seeds else seeds)
         flight = self.__dict__.setdefault("_flight", {})

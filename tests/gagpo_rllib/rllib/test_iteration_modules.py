@@ -45,6 +45,9 @@ def traced_iteration(algo) -> tuple[Counter, Counter, dict]:
 
 
 def test_one_iteration_enters_the_documented_modules_and_reads_each_episode_once(tiny_maze_config) -> None:
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = tiny_maze_config().build_algo()  # every group trains (the untrained policy's are uniform)
     try:
         algo.train()  # first iteration: imports and caches
@@ -53,6 +56,7 @@ def test_one_iteration_enters_the_documented_modules_and_reads_each_episode_once
         episodes = int(result["gagpo"]["num_episodes"])
     finally:
         algo.stop()
+        ray.shutdown()
     entered = sorted(modules)
     assert len(entered) <= MAX_MODULES, entered
     assert entered == sorted(documented_modules()), (

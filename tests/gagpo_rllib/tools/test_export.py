@@ -12,7 +12,7 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from gagpo_rllib.policy.models import load_policy
-from gagpo_rllib.rllib.evaluation import MODULE_PATH
+from gagpo_rllib.rllib.checkpoints import MODULE_PATH
 from gagpo_rllib.tools.cli import main
 from gagpo_rllib.tools.export import export_checkpoint, read_module_checkpoint
 
