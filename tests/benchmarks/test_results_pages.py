@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import benchmarks.alfworld_cpu_learning as alf
+import benchmarks.cpu_learning as cpu
 import benchmarks.learning_curves as lc
-import benchmarks.webshop_cpu_learning as ws
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -54,19 +53,20 @@ def test_learning_curves_page_names_its_command() -> None:
 
 
 @pytest.mark.parametrize(
-    ("module", "name", "files"),
+    ("env", "files"),
     [
-        (alf, "alfworld_cpu", ["seed0.json", "seeds1-2.json"]),
-        (ws, "webshop_cpu", ["seeds0-2.json"]),
+        ("alfworld", ["seed0.json", "seeds1-2.json"]),
+        ("webshop", ["seeds0-2.json"]),
     ],
 )
-def test_cpu_learning_page_is_what_merge_writes(module, name: str, files: list[str], tmp_path: Path) -> None:
+def test_cpu_learning_page_is_what_merge_writes(env: str, files: list[str], tmp_path: Path) -> None:
     """--merge with --out writes README.md: the committed page is that of the committed JSON files."""
+    name = f"{env}_cpu"
     paths = [f"benchmarks/results/{name}/{f}" for f in files]
     cwd = os.getcwd()
     try:
         os.chdir(ROOT)  # the command in the page names the files as given
-        assert module.main(["--merge", *paths, "--out", str(tmp_path)]) == 0
+        assert cpu.main(["--env", env, "--merge", *paths, "--out", str(tmp_path)]) == 0
     finally:
         os.chdir(cwd)
     page = (tmp_path / "README.md").read_text()
@@ -78,5 +78,5 @@ def test_cpu_learning_page_is_what_merge_writes(module, name: str, files: list[s
         (r for f in files for r in json.loads((RESULTS / name / f).read_text())["seeds"]),
         key=lambda r: r["seed"],
     )
-    assert module.report(rows) in page
+    assert cpu.ENVS[env].table(rows) in page
     assert page.startswith("# ")
