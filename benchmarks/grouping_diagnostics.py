@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from gagpo_rllib.method.advantages import grouping_diagnostics
+from gagpo_rllib.method.seeds import derive_seed
 from gagpo_rllib.method.similarity import anchor_keys
 from gagpo_rllib.rllib.connectors.rollout import episode_state_keys, resolve_state_key
 from gagpo_rllib.rllib.env_runner import GAGPOEnvRunner
-from gagpo_rllib.rllib.group_sampling import derive_seed, task_plan
+from gagpo_rllib.rllib.group_sampling import task_plan
 from gagpo_rllib.rllib.groups import episode_rows
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -58,12 +58,20 @@ MOVED: dict[str, tuple[str, ...]] = {
 }
 
 
+_MISSING = object()
+
+
 def resolve(module: str, name: str) -> Any:
-    """``module.name`` under an old or a current module path; AttributeError / ImportError when neither has it."""
+    """``module.name`` (``name`` may be qualified: ``Class.method``) under an old or a current module path;
+    AttributeError / ImportError when none has it."""
     for candidate in MOVED.get(module, (module,)):
-        found = importlib.import_module(candidate)
-        if hasattr(found, name):
-            return getattr(found, name)
+        found: Any = importlib.import_module(candidate)
+        for part in name.split("."):  # a qualified name: a method or a nested class
+            found = getattr(found, part, _MISSING)
+            if found is _MISSING:
+                break
+        else:
+            return found
     raise AttributeError(f"{module}.{name}: no such name here (moved to {MOVED.get(module, (module,))})")
 
 

@@ -54,7 +54,6 @@ from gagpo_rllib.method.seeds import (
     TASK_PLAN_SALT,
     derive_seed,
     salted_rng,
-    shuffle_rng,
 )
 from gagpo_rllib.rllib.env_runner import PlannedEpisode, RolloutStats, episode_env_error
 
@@ -67,15 +66,12 @@ __all__ = [
     "RunnerResult",
     "EXTRA_GROUP_ID_BASE",
     "ask_env_runner",
-    "derive_seed",
     "episode_gen_seed",
     "evaluation_plan",
     "extra_plan",
     "sample_whole_groups",
-    "shuffle_rng",
     "split_plan",
     "task_plan",
-    "validate_fault_tolerance",
     "validation_seed",
     "whole_groups",
 ]
@@ -135,20 +131,6 @@ def split_plan(plan: list[PlannedEpisode], parts: int) -> list[list[PlannedEpiso
     """Contiguous, balanced shares of the plan (so most groups stay on one runner)."""
     bounds = np.linspace(0, len(plan), parts + 1).round().astype(int)
     return [plan[bounds[i] : bounds[i + 1]] for i in range(parts)]
-
-
-def validate_fault_tolerance(config: Any) -> None:
-    """Check ``max_group_attempts`` and ``group_sampling_timeout_s``; errors name the field."""
-    attempts = config.max_group_attempts
-    if not isinstance(attempts, (int, np.integer)) or isinstance(attempts, bool) or attempts < 1:
-        raise ValueError(f"GAGPOConfig.max_group_attempts must be an int >= 1, got {attempts!r}")
-    timeout = config.group_sampling_timeout_s
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
-    ):
-        raise ValueError(
-            f"GAGPOConfig.group_sampling_timeout_s must be None or a number > 0, got {timeout!r}"
-        )
 
 
 def whole_groups(items: list[PlannedEpisode]) -> list[list[PlannedEpisode]]:

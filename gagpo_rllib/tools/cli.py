@@ -272,14 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
 def run_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from gagpo_rllib.rllib.checkpoints import config_from_checkpoint, is_checkpoint
     from gagpo_rllib.rllib.config import configure
-    from gagpo_rllib.rllib.evaluation import (
-        EvalSettings,
-        config_for_model,
-        config_from_checkpoint,
-        evaluate,
-        is_checkpoint,
-    )
+    from gagpo_rllib.rllib.evaluation import EvalSettings, config_for_model, evaluate
     from gagpo_rllib.tools.env_names import resolve_env
     from gagpo_rllib.tools.train import init_ray, load_train_file
 

@@ -17,6 +17,7 @@ from gagpo_rllib.method.advantages import critic_gae
 from gagpo_rllib.policy.critic import CriticRLModule, last_token_hidden
 from gagpo_rllib.policy.logprobs import left_pad
 from gagpo_rllib.policy.rl_module import LLMRLModule
+from gagpo_rllib.rllib.checkpoints import MODULE_PATH, config_from_checkpoint
 from gagpo_rllib.rllib.connectors.critic_advantages import CriticAdvantages
 from gagpo_rllib.rllib.critic_learner import (
     CRITIC_OPTIMIZER,
@@ -24,13 +25,7 @@ from gagpo_rllib.rllib.critic_learner import (
     clipped_value_loss,
     explained_variance,
 )
-from gagpo_rllib.rllib.evaluation import (
-    MODULE_PATH,
-    EvalSettings,
-    build_evaluator,
-    config_from_checkpoint,
-    evaluation_config,
-)
+from gagpo_rllib.rllib.evaluation import EvalSettings, build_evaluator, evaluation_config
 from gagpo_rllib.rllib.groups import episode_rows
 from gagpo_rllib.tools.export import export_checkpoint
 

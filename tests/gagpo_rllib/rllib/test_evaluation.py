@@ -18,17 +18,15 @@ from envs.protocol import GENERIC_TABLE
 from envs.webshop import WebShopEnv
 from gagpo_rllib import GAGPOConfig
 from gagpo_rllib.policy.models import load_policy
+from gagpo_rllib.rllib.checkpoints import MODULE_PATH, config_from_checkpoint, is_checkpoint
 from gagpo_rllib.rllib.evaluation import (
-    MODULE_PATH,
     EpisodeRecord,
     EvalSettings,
     build_evaluator,
     config_for_model,
-    config_from_checkpoint,
     evaluate,
     evaluation_config,
     evaluation_plan,
-    is_checkpoint,
     play,
     summarise,
     with_validation,

@@ -5,14 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gagpo_rllib.method.seeds import derive_seed
+from gagpo_rllib.method.seeds import derive_seed, shuffle_rng
 from gagpo_rllib.rllib.evaluation import EvalSettings
 from gagpo_rllib.rllib.group_sampling import (
     EXTRA_GROUP_ID_BASE,
     episode_gen_seed,
     evaluation_plan,
     extra_plan,
-    shuffle_rng,
     split_plan,
     task_plan,
     validation_seed,
