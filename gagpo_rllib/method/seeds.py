@@ -27,11 +27,11 @@ __all__ = [
     "shuffle_rng",
 ]
 
-# The tasks of an iteration's plan (rllib.plans.task_plan).
+# The tasks of an iteration's plan (rllib.group_sampling.task_plan).
 TASK_PLAN_SALT = 0x6A6
-# The tasks of a dynamic-sampling extra round (rllib.plans.extra_plan).
+# The tasks of a dynamic-sampling extra round (rllib.group_sampling.extra_plan).
 EXTRA_PLAN_SALT = 0xD5
-# Evaluation: the subset of the split's tasks (rllib.plans.evaluation_plan) and validation's generation seeds.
+# Evaluation: the subset of the split's tasks (rllib.group_sampling.evaluation_plan) and validation's generation seeds.
 EVALUATION_SALT = 0xE7A1
 # The bootstrap resamples of a confidence interval (method.stats).
 BOOTSTRAP_SALT = 0x626F6F74

@@ -47,11 +47,9 @@ from gagpo_rllib.rllib.groups import (
     DynamicSample,
     GroupShardedTrainingData,
     TrainingGroups,
-    episode_rows,
     fill_informative_groups,
     reward_signal_shares,
     stamp_training_groups,
-    uniform_groups,
 )
 from gagpo_rllib.rllib.learner import NONFINITE_SKIPPED
 from gagpo_rllib.rllib.placement import placement_shortfall
@@ -169,9 +167,9 @@ class GAGPO(Algorithm):
             target_groups=cfg.groups_per_iteration,
             max_extra_groups=bound,
             group_size=cfg.group_size,
-            uniform_of=lambda episodes: uniform_groups(episode_rows(episodes, cfg.invalid_penalty)),
             plan_round=plan_round,
             play=lambda plan: self.sample_whole_groups(plan, iteration),
+            invalid_penalty=cfg.invalid_penalty,
         )
 
     def sample_whole_groups(

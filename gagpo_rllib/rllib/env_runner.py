@@ -82,15 +82,15 @@ class EnvError:
 class RolloutStats:
     """Where a runner's sampling time went, and how many tokens it generated."""
 
-    # Seconds spent generating, stepping the envs and in the connectors.
+    # Seconds spent generating, stepping the envs (and the errors they raised) and in the connectors.
     generation_s: float = 0.0
     env_s: float = 0.0
+    env_errors: list[EnvError] = field(default_factory=list)
     connector_s: float = 0.0
     # Counts.
     generated_tokens: int = 0
     env_steps: int = 0
     generate_calls: int = 0
-    env_errors: list[EnvError] = field(default_factory=list)
 
 
 class GAGPOEnvRunner(RunnerInternals):

@@ -372,8 +372,8 @@ def validation_function(
     The plan is played as training plays its groups (``sample_whole_groups`` on the evaluation runners, with the
     config's ``max_group_attempts`` and ``group_sampling_timeout_s``): members lost with a runner or ended by an
     env error are played again, groups still incomplete after the attempts are left out of the metrics (none
-    left: only ``num_episodes`` = 0 is reported). Generation seeds: ``plans.episode_gen_seed`` from
-    ``plans.validation_seed(settings.seed)``, the iteration, group, member and attempt, never the runner.
+    left: only ``num_episodes`` = 0 is reported). Generation seeds: ``group_sampling.episode_gen_seed`` from
+    ``group_sampling.validation_seed(settings.seed)``, the iteration, group, member and attempt, never the runner.
     The runners play with ``explore=False`` (the config's ``eval_temperature``); the metrics land under
     ``evaluation/valid/`` in the result: ``success`` (All or WebShop's success, in [0, 1]),
     ``by_type/<column>`` for each column of the Table-1 layout (in [0, 1]), ``score`` (WebShop, 0-100),

@@ -323,7 +323,7 @@ def sample_whole_groups(
 
     ``max_attempts`` and ``timeout_s`` default to the config's ``max_group_attempts`` and
     ``group_sampling_timeout_s``. ``env_runner_group``: the runners that play (default the training ones; validation
-    passes the evaluation ones). ``seed``: the base of the generation seeds (``plans.episode_gen_seed``; default
+    passes the evaluation ones). ``seed``: the base of the generation seeds (``episode_gen_seed``; default
     the config's seed). ``schedule``: "per_episode" or "lockstep" (default the config's ``rollout_schedule``).
     Raises ``GroupSamplingError`` only when nothing but failures came back (see the module
     docstring).

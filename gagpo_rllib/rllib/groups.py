@@ -388,15 +388,22 @@ def fill_informative_groups(
     target_groups: int,
     max_extra_groups: int,
     group_size: int,
-    uniform_of: Callable[[list], set[int]],
     plan_round: Callable[[int, int, int], list[PlannedEpisode]],
     play: Callable[[list[PlannedEpisode]], GroupSample],
+    invalid_penalty: float = 0.0,
+    uniform_of: Callable[[list], set[int]] | None = None,
 ) -> DynamicSample:
     """Play extra rounds after ``first`` until ``target_groups`` informative groups or the bound.
 
-    ``uniform_of(episodes)``: the ids of the uniform groups among whole groups' episodes;
     ``plan_round(round_index, groups, first_group_id)``: the extra round's plan; ``play(plan)``: its whole groups.
+    A group is uniform by ``uniform_groups`` over the shaped rewards (``invalid_penalty``), or by
+    ``uniform_of(episodes)`` when given (the ids of the uniform groups among whole groups' episodes).
     """
+    if uniform_of is None:
+
+        def uniform_of(episodes: list) -> set[int]:
+            return uniform_groups(episode_rows(episodes, invalid_penalty))
+
     sample = first
     order = _group_order(first.episodes)
     uniform = set(uniform_of(first.episodes)) if first.episodes else set()
