@@ -1,7 +1,8 @@
 """The generation-backend interface: prompts in; token ids, behaviour log-probs and text out.
 
-Constrained decoding to the admissible actions uses a token trie shared by the sampler and the learner. The learner must rebuild exactly the allowed set the sampler used at each position, otherwise the first-minibatch
-ratio is not 1. Both sides therefore go through ``ActionTrie`` built from ``action_token_ids``.
+Constrained decoding to the admissible actions uses a token trie shared by the sampler and the learner. The
+learner must rebuild exactly the allowed set the sampler used at each position, otherwise the first-minibatch ratio
+is not 1. Both sides therefore go through ``ActionTrie`` built from ``action_token_ids``.
 """
 
 from __future__ import annotations
