@@ -42,7 +42,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from scipy.signal import lfilter
 
 __all__ = [
     "ESTIMATORS",
@@ -220,6 +219,8 @@ def _reverse_scan(x: np.ndarray, steps: _Steps, coef: float) -> np.ndarray:
     Each bucket's padded matrix holds its episodes reversed, one per row, so one ``lfilter`` call runs the
     recursion for all of them; padding sits after each episode's first step and cannot leak into it.
     """
+    from scipy.signal import lfilter  # scipy.signal takes a second to import: only when it runs
+
     y = np.empty_like(x)
     for rows, flat, shape in steps.scan_layout:
         matrix = np.zeros(shape)

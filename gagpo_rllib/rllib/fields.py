@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from gagpo_rllib.method.advantages import ESTIMATORS, NORMS
-from gagpo_rllib.policy.models import DTYPES as MODEL_DTYPES
 
 __all__ = [
     "BACKENDS",
@@ -34,7 +33,9 @@ __all__ = [
 BACKENDS = ("hf", "vllm")
 ROLLOUT_SCHEDULES = ("per_episode", "lockstep")
 SHARDINGS = ("ddp", "fsdp")
-DTYPES = tuple(MODEL_DTYPES)
+# The names of policy.models.DTYPES (the dtype map; tests/gagpo_rllib/rllib/test_fields.py keeps them equal):
+# the command line reads this table without importing torch.
+DTYPES = ("float32", "bfloat16", "float16")
 LORA_SYNCS = ("adapter", "merged")
 
 

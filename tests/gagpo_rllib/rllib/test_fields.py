@@ -64,3 +64,10 @@ def test_the_command_line_offers_the_tables_choices() -> None:
     options = {a.dest: a for a in evaluate._actions}
     assert tuple(options["backend"].choices) == FIELD["backend"].choices
     assert tuple(options["dtype"].choices) == FIELD["dtype"].choices
+
+
+def test_the_dtype_choices_are_the_dtype_maps() -> None:
+    from gagpo_rllib.policy.models import DTYPES as MAP
+    from gagpo_rllib.rllib.fields import DTYPES
+
+    assert tuple(MAP) == DTYPES
