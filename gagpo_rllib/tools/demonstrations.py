@@ -9,7 +9,8 @@ constrained softmax. Sources:
 - WebShop: a scripted purchase of each goal's target product: search the goal's query, click the product (paging
   through results), choose the goal's options, buy. The env offers ``search[<your query>]`` as a template; in the
   recorded admissible list that entry is replaced by the search actually typed, so every demonstrated action is
-  one of its step's admissible actions.
+  one of its step's admissible actions, while the prompt shows the list as the env listed it (``shown``): a policy
+  that learns to copy its target from the prompt would otherwise learn to send the placeholder.
 """
 
 from __future__ import annotations
@@ -37,12 +38,18 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SEARCH_TEMPLATE = "search[<your query>]"
+# Info key under which a wrapped env keeps the admissible list as the env listed it (see _TypedSearch).
+_SHOWN_ACTIONS = "demonstration_shown_actions"
 _MAX_RESULT_PAGES = 5
 
 
 @dataclass(frozen=True)
 class DemoStep:
-    """One expert step: the policy's inputs at ``step`` and the action the expert sent."""
+    """One expert step: the policy's inputs at ``step`` and the action the expert sent.
+
+    ``admissible``: what the expert could send (the constrained set); ``shown``: the list the env put in the
+    prompt, when it differs (None: ``admissible``).
+    """
 
     task: str
     observation: str
@@ -50,6 +57,12 @@ class DemoStep:
     history: tuple[tuple[str, str], ...]
     step: int
     action: str
+    shown: tuple[str, ...] | None = None
+
+    @property
+    def prompt_actions(self) -> tuple[str, ...]:
+        """The admissible actions as the prompt lists them."""
+        return self.admissible if self.shown is None else self.shown
 
 
 @dataclass(frozen=True)
@@ -84,9 +97,20 @@ def _replay(env: Any, task_id: int, actions: Sequence[str], *, reset_options: di
     won = False
     for action in actions:
         admissible = tuple(str(a) for a in info["admissible_actions"])
+        shown = info.get(_SHOWN_ACTIONS)
         if action not in admissible:
             raise _NotAdmissible(action, len(steps))
-        steps.append(DemoStep(str(info["task"]), str(obs), admissible, tuple(history), len(steps), action))
+        steps.append(
+            DemoStep(
+                str(info["task"]),
+                str(obs),
+                admissible,
+                tuple(history),
+                len(steps),
+                action,
+                None if shown is None or tuple(shown) == admissible else tuple(str(a) for a in shown),
+            )
+        )
         history.append((str(obs), action))
         obs, _, terminated, truncated, info = env.step(action)
         won = outcome(info).won
@@ -200,14 +224,15 @@ def _webshop_script(env: Any, task_id: int, goal: dict) -> list[str] | None:
 
 
 class _TypedSearch:
-    """Wraps a WebShopEnv so the recorded admissible list holds the typed search instead of the template."""
+    """Wraps a WebShopEnv so the recorded admissible list holds the typed search instead of the template (the
+    env's own list is kept for the prompt)."""
 
     def __init__(self, env: Any, query: str):
         self.env, self.search = env, query
 
     def _fix(self, info: dict) -> dict:
         actions = [self.search if a == SEARCH_TEMPLATE else a for a in info["admissible_actions"]]
-        return {**info, "admissible_actions": actions}
+        return {**info, "admissible_actions": actions, _SHOWN_ACTIONS: list(info["admissible_actions"])}
 
     def reset(self, **kwargs: Any) -> tuple[str, dict]:
         obs, info = self.env.reset(**kwargs)

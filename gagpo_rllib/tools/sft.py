@@ -167,7 +167,7 @@ def build_examples(
             prompt = builder.build(
                 task=step.task,
                 observation=step.observation,
-                admissible_actions=list(step.admissible),
+                admissible_actions=list(step.prompt_actions),
                 history=list(step.history),
                 step=step.step,
             )

