@@ -78,6 +78,11 @@ class RunLog:
         print(f"[{self.path.stem}] {row}", flush=True)
 
 
+def _round(value, digits: int = 4) -> float | None:
+    """A metric as a plain float for the CSV (None stays None: nothing trained, no score)."""
+    return None if value is None else round(float(value), digits)
+
+
 def held_out_row(report) -> dict:
     scores = [e.task_score for e in report.episodes if e.task_score is not None]
     return {
@@ -123,12 +128,12 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
                 TRAIN,
                 iteration=i,
                 seconds=round(time.monotonic() - t, 1),
-                success=round(g["success_rate"], 4),
-                score=round(g["task_score_mean"], 4) if "task_score_mean" in g else None,
+                success=_round(g["success_rate"]),
+                score=_round(g.get("task_score_mean")),
                 episodes=int(g["num_episodes"]),
-                no_signal_groups=round(g["groups_no_reward_signal_share"], 4),
-                first_minibatch_ratio_max_dev=learner.get("first_minibatch_ratio_max_dev"),
-                invalid_share=round(g["invalid_action_share"], 4),
+                no_signal_groups=_round(g["groups_no_reward_signal_share"]),
+                first_minibatch_ratio_max_dev=_round(learner.get("first_minibatch_ratio_max_dev"), 6),
+                invalid_share=_round(g["invalid_action_share"]),
             )
         if checkpoint.exists():
             shutil.rmtree(checkpoint)

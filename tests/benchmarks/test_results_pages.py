@@ -80,3 +80,18 @@ def test_cpu_learning_page_is_what_merge_writes(env: str, files: list[str], tmp_
     )
     assert cpu.ENVS[env].table(rows) in page
     assert page.startswith("# ")
+
+
+def test_real_model_learning_page_is_what_render_writes(tmp_path: Path) -> None:
+    """--render writes README.md (and a PNG per env with runs) from the run CSVs: the committed page is theirs."""
+    import benchmarks.real_model_learning as rml
+
+    name = "real_model_learning"
+    for path in (RESULTS / name).glob("*.csv"):
+        shutil.copy(path, tmp_path / path.name)
+    assert rml.main(["--render", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "README.md").read_text() == (RESULTS / name / "README.md").read_text()
+    for env, runs in {
+        e: [k for k in rml.read_runs(tmp_path) if k.startswith(e + "_")] for e in ("alfworld", "webshop")
+    }.items():
+        assert (tmp_path / f"{env}.png").is_file() == bool(runs)
