@@ -211,8 +211,8 @@ def memoised_engine() -> Iterator[None]:
 class AlfredEngine:
     """One game at a time on TextWorld's PddlEnv wrapped by ALFWorld's AlfredDemangler and AlfredInfos."""
 
-    def __init__(self) -> None:
-        infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+    def __init__(self, *, facts: bool = False) -> None:
+        infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=facts, extras=["gamefile"])
         self._env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
         self._loaded_key: str | None = None
 

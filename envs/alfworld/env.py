@@ -7,6 +7,8 @@ Config keys (one dict, as RLlib passes env_config):
     max_steps      steps before truncation (default 50)
     success_reward reward on the winning step (default 10.0)
     task_types     optional list of task types to keep
+    facts          put the engine's PDDL facts in ``info["facts"]`` (for an expert that reads the game state,
+                   e.g. ALFWorld's hand-coded one; default False)
 
 ``state_key`` (the anchor state for GAGPO's step-level groups) is the current observation text, as the GiGPO
 reference does: within a group every rollout plays the same game, so equal texts mean the agent sees the same
@@ -41,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "max_steps": 50,
     "success_reward": 10.0,
     "task_types": None,
+    "facts": False,
 }
 
 
@@ -74,6 +77,7 @@ class AlfworldEnv(gym.Env):
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {cfg['max_steps']!r}")
         self.success_reward = float(cfg["success_reward"])
+        self._facts = bool(cfg["facts"])
         self._seed = int(cfg["seed"])
         data_dir = Path(cfg["data_dir"]) if cfg["data_dir"] is not None else BUNDLED_DATA
         game_set = find_games(data_dir, cfg["split"])
@@ -95,7 +99,7 @@ class AlfworldEnv(gym.Env):
 
         from envs.alfworld.engine import AlfredEngine  # the engine imports alfworld and textworld
 
-        self._engine = AlfredEngine()
+        self._engine = AlfredEngine(facts=self._facts)
         self._game_data: OrderedDict[str, dict] = OrderedDict()
         self._seeded = False
         self._done = True
@@ -177,6 +181,7 @@ class AlfworldEnv(gym.Env):
             "state_key": self._obs,
             "steps": self._steps,
             "engine_error": engine_error,
+            **({"facts": list(state["facts"]) if state is not None else []} if self._facts else {}),
         }
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:

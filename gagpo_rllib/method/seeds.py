@@ -14,6 +14,7 @@ import numpy as np
 __all__ = [
     "BOOTSTRAP_SALT",
     "DEMONSTRATION_TASKS_SALT",
+    "EXPERT_FALLBACK_SALT",
     "EVALUATION_SALT",
     "EXTRA_PLAN_SALT",
     "SALTS",
@@ -37,6 +38,8 @@ EVALUATION_SALT = 0xE7A1
 BOOTSTRAP_SALT = 0x626F6F74
 # The tasks whose expert demonstrations are replayed when only some are asked for (tools.demonstrations).
 DEMONSTRATION_TASKS_SALT = 0xDE30
+# The random fallback of ALFWorld's hand-coded expert, per game (tools.demonstrations).
+EXPERT_FALLBACK_SALT = 0xDE31
 # Which demonstrations are held out from SFT training (tools.sft.split_demonstrations).
 SFT_HELDOUT_SALT = 0x5F7
 # The order of SFT's training examples, epoch after epoch (tools.sft).
@@ -50,6 +53,7 @@ SALTS: dict[str, int] = {
     "EVALUATION_SALT": EVALUATION_SALT,
     "BOOTSTRAP_SALT": BOOTSTRAP_SALT,
     "DEMONSTRATION_TASKS_SALT": DEMONSTRATION_TASKS_SALT,
+    "EXPERT_FALLBACK_SALT": EXPERT_FALLBACK_SALT,
     "SFT_HELDOUT_SALT": SFT_HELDOUT_SALT,
     "SFT_ORDER_SALT": SFT_ORDER_SALT,
     "SFT_SUBSET_SALT": SFT_SUBSET_SALT,

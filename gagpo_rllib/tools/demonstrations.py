@@ -15,6 +15,8 @@ constrained softmax. Sources:
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.protocol import TASK_ID, outcome
-from gagpo_rllib.method.seeds import DEMONSTRATION_TASKS_SALT, salted_rng
+from gagpo_rllib.method.seeds import DEMONSTRATION_TASKS_SALT, EXPERT_FALLBACK_SALT, derive_seed, salted_rng
 
 __all__ = [
     "DemoSet",
@@ -155,6 +157,9 @@ def _finish(demos: list[Demonstration], skipped: Counter, what: str) -> DemoSet:
     return DemoSet(demos, dict(skipped))
 
 
+ALFWORLD_EXPERTS = ("walkthrough", "handcoded")
+
+
 def alfworld_demonstrations(
     env_config: dict | None = None,
     task_ids: Sequence[int] | None = None,
@@ -162,25 +167,36 @@ def alfworld_demonstrations(
     num_tasks: int | None = None,
     seed: int = 0,
     max_steps: int = 50,
+    expert: str = "walkthrough",
 ) -> DemoSet:
-    """Replay each game's walkthrough (``task_ids`` of the split, or ``num_tasks`` drawn from ``seed``, default
+    """Replay each game's expert episode (``task_ids`` of the split, or ``num_tasks`` drawn from ``seed``, default
     all) through ``AlfworldEnv``.
 
-    ``env_config`` is the env's own (split, data_dir, task_types, ...). A game without a walkthrough, a walkthrough
-    command that is not admissible, or a replay that does not win is counted under ``skipped`` and logged.
+    ``expert``: "walkthrough", the planner's solution stored in the game (it goes straight to where the object
+    is, which the agent cannot see), or "handcoded", ALFWorld's hand-coded expert (``alfworld.agents.expert``): it
+    searches the receptacles that can hold the object, opening closed ones, from what it has seen, the behaviour
+    an agent that does not know the hidden state needs (its rare random fallback draws from ``seed``).
+    ``env_config`` is the env's own (split, data_dir, task_types, ...). A game without a walkthrough, a command
+    that is not admissible, or a replay that does not win within ``max_steps`` is counted under ``skipped`` and
+    logged.
     """
     from envs.alfworld import AlfworldEnv
     from envs.alfworld.games import read_game
 
+    if expert not in ALFWORLD_EXPERTS:
+        raise ValueError(f"expert must be one of {ALFWORLD_EXPERTS}, got {expert!r}")
     env = AlfworldEnv({**dict(env_config or {}), "max_steps": max_steps})
     demos: list[Demonstration] = []
     skipped: Counter[str] = Counter()
     for task_id in _task_ids(env.num_tasks, task_ids, num_tasks, seed):
         game_file = env.games[int(task_id)].game_file
-        walkthrough = read_game(game_file).get("walkthrough")
+        if expert == "handcoded":
+            walkthrough = _handcoded_actions(env_config, int(task_id), seed=seed, max_steps=max_steps)
+        else:
+            walkthrough = read_game(game_file).get("walkthrough")
         if not walkthrough:
             skipped["no walkthrough"] += 1
-            logger.warning("alfworld_demonstrations: %s has no walkthrough", game_file)
+            logger.warning("alfworld_demonstrations: %s has no %s episode", game_file, expert)
             continue
         try:
             demo = _replay(env, int(task_id), [str(a) for a in walkthrough], reset_options={TASK_ID: task_id})
@@ -194,6 +210,52 @@ def alfworld_demonstrations(
             continue
         demos.append(demo)
     return _finish(demos, skipped, "alfworld_demonstrations")
+
+
+def _handcoded_actions(env_config: dict | None, task_id: int, *, seed: int, max_steps: int) -> list[str]:
+    """The commands ALFWorld's hand-coded expert sends in game ``task_id`` until it wins or ``max_steps`` run out
+    (played on an env that reports the PDDL facts the expert reads)."""
+    import random
+
+    from alfworld.agents.expert.handcoded_expert import HandCodedAgentFailed, HandCodedAgentTimeout
+    from alfworld.agents.expert.handcoded_expert_tw import HandCodedTWAgent
+
+    from envs.alfworld import AlfworldEnv
+
+    env = _expert_env(AlfworldEnv, json.dumps(dict(env_config or {}), sort_keys=True), max_steps)
+    obs, info = env.reset(seed=0, options={TASK_ID: task_id})
+    agent = HandCodedTWAgent(max_steps=max_steps)
+    agent.reset(game=info["game_file"])
+    agent.observe(obs)
+    # The expert falls back to random.choice when it would repeat itself: give it its own seeded draws.
+    saved = random.getstate()
+    random.seed(derive_seed(seed, EXPERT_FALLBACK_SALT, task_id))
+    actions: list[str] = []
+    try:
+        for _ in range(max_steps):
+            state = {
+                "feedback": obs,
+                "facts": info["facts"],
+                "admissible_commands": info["admissible_commands"],
+            }
+            try:
+                action = agent.act(state, 0.0, False, actions[-1] if actions else "")
+            except (HandCodedAgentFailed, HandCodedAgentTimeout):  # it gave up: the replay does not win
+                break
+            actions.append(str(action))
+            obs, _, terminated, truncated, info = env.step(actions[-1])
+            agent.observe(obs)
+            if terminated or truncated:
+                break
+    finally:
+        random.setstate(saved)
+    return actions
+
+
+@functools.lru_cache(maxsize=4)
+def _expert_env(env_class: type, env_config: str, max_steps: int) -> Any:
+    """One facts-reporting env per config, reused across games (each holds its own engine)."""
+    return env_class({**json.loads(env_config), "max_steps": max_steps, "facts": True})
 
 
 def _webshop_script(env: Any, task_id: int, goal: dict) -> list[str] | None:

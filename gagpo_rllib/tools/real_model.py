@@ -6,14 +6,19 @@ updates in bf16 autocast (float32 masters; the old log-probs are recomputed by t
 
 - **Constrained decoding** over the admissible actions: a 135M model copies long action strings badly, and the
   answer then is the action itself (a few tokens to train, no format to learn).
-- **A behaviour-cloning warm start** on the walkthroughs (ALFWorld) or scripted purchases (WebShop) of train tasks,
-  constrained like the rollouts: the untrained model wins no ALFWorld game in the horizon, so GAGPO would see no
-  reward signal. It is cached per seed (the seed draws its batches).
-- **A short horizon and history 1**: the learner's cost is its tokens (~1 s per 275-token row for a forward and
-  backward on 2 cores); the prompt keeps the last observation and action and the admissible actions.
+- **A behaviour-cloning warm start**, constrained like the rollouts, on the train tasks: the untrained model wins no
+  ALFWorld game in the horizon, so GAGPO would see no reward signal. ALFWorld's demonstrations come from ALFWorld's
+  hand-coded expert, which searches the receptacles that can hold the object from what it has seen: a game's
+  stored walkthrough goes straight to where the object hides, which a policy cannot see, and cloning it gave a
+  policy that wanders (5.4% held-out success). WebShop's are scripted purchases. Cached per seed (the seed draws
+  its batches).
+- **History 1 and a horizon of 30 (ALFWorld) or 10 (WebShop) steps**: the learner's cost is its tokens (~1 s per
+  275-token row for a forward and backward on 2 cores); the prompt keeps the last observation and action and the
+  admissible actions (enough to go on to the next receptacle); the expert's episodes take 13 steps on average,
+  36 at most, on ALFWorld's train games of the recipe's types.
 - **ALFWorld: the two single-object task types** (look at an object under a lamp, put an object somewhere), the
-  families whose walkthroughs are short enough for a warm start to win some games within 20 steps; held out: every
-  valid_unseen game of those types.
+  families whose expert episodes are short enough for a warm start to win games within the horizon; held out:
+  every valid_unseen game of those types.
 - **No KL term** (``kl_coeff=0``): it would cost a reference forward per row (a sixth of the update) for a run of
   a few dozen updates; clipping bounds each step.
 
@@ -61,6 +66,8 @@ class Recipe:
     held_out_tasks: int | None = None
     warm_start: SFTSettings = field(default_factory=SFTSettings)
     warm_start_tasks: int | None = None
+    # Keywords of the env's demonstrations (gagpo_rllib.tools.demonstrations.demonstrations_for).
+    demonstrations: dict = field(default_factory=dict)
     history_length: int = 1
     max_prompt_tokens: int = 896
     max_new_tokens: int = 24
@@ -87,8 +94,10 @@ ALFWORLD = Recipe(
     held_out_split="valid_unseen",
     held_out_env_config={"task_types": list(ALFWORLD_TYPES)},
     warm_start=SFTSettings(
-        epochs=2, lr=1e-4, batch_size=8, heldout_fraction=0.1, history_length=1, dtype="bfloat16"
+        epochs=1, lr=1e-4, batch_size=8, heldout_fraction=0.1, history_length=1, dtype="bfloat16"
     ),
+    demonstrations={"expert": "handcoded"},
+    max_steps=30,
 )
 WEBSHOP = Recipe(
     name="webshop",
@@ -141,6 +150,7 @@ def warm_start(recipe: Recipe, base: str | Path, out_dir: str | Path, *, seed: i
         texts=[
             json.dumps(asdict(settings), sort_keys=True),
             json.dumps(recipe.train_env_config, sort_keys=True),
+            json.dumps(recipe.demonstrations, sort_keys=True),
             str(recipe.warm_start_tasks),
             first,
             later,
@@ -154,6 +164,7 @@ def warm_start(recipe: Recipe, base: str | Path, out_dir: str | Path, *, seed: i
             recipe.train_env_config,
             num_tasks=recipe.warm_start_tasks,
             seed=seed,
+            **recipe.demonstrations,
         )
 
     started = time.monotonic()

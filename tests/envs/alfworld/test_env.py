@@ -36,6 +36,18 @@ def test_reset_info_and_spaces(env):
     assert info["game_file"] == env.games[0].game_file and info["task_type"] == env.games[0].task_type
 
 
+def test_facts_are_reported_only_when_asked_for(env):
+    """``facts``: the engine's PDDL state for an expert that reads it (ALFWorld's hand-coded one)."""
+    _, info = env.reset(options={"task_id": 0})
+    assert "facts" not in info
+    with_facts = AlfworldEnv({"split": "valid_unseen", "seed": 7, "facts": True})
+    obs, info = with_facts.reset(options={"task_id": 0})
+    names = {f.name for f in info["facts"]}
+    assert {"atlocation", "inreceptacle"} <= names
+    _, _, _, _, info = with_facts.step(info["admissible_actions"][0])
+    assert info["facts"] and all(hasattr(f, "names") for f in info["facts"])
+
+
 def test_invalid_command_is_a_step_that_changes_nothing(env):
     env.reset(options={"task_id": 1})
     obs, reward, terminated, truncated, info = env.step("fly to the moon")

@@ -80,6 +80,27 @@ def _copy_game(src_index: int, root: Path, walkthrough: list[str]) -> None:
     (dst / "game.tw-pddl").write_text(json.dumps(game))
 
 
+def test_handcoded_expert_searches_and_wins_reproducibly() -> None:
+    """ALFWorld's hand-coded expert plays from what it sees: it wins, every command is admissible, the same seed
+    gives the same episodes, and it looks in places the walkthrough (which knows where the object is) skips."""
+    from envs.alfworld import AlfworldEnv
+
+    config = {"split": "train", "task_types": ["look_at_obj_in_light", "pick_and_place_simple"]}
+    ids = list(range(6))
+    expert = alfworld_demonstrations(config, ids, expert="handcoded")
+    assert expert.skipped == {} and [d.task_id for d in expert.demonstrations] == ids
+    env = AlfworldEnv(config)
+    for demo in expert.demonstrations:
+        check_replays_to_a_win(demo, env)
+    assert alfworld_demonstrations(config, ids, expert="handcoded").demonstrations == expert.demonstrations
+    walkthrough = alfworld_demonstrations(config, ids)
+    assert sum(len(d.steps) for d in expert.demonstrations) > sum(
+        len(d.steps) for d in walkthrough.demonstrations
+    )
+    with pytest.raises(ValueError, match="expert must be one of"):
+        alfworld_demonstrations(config, ids, expert="oracle")
+
+
 def test_broken_walkthroughs_are_counted_not_kept(tmp_path: Path) -> None:
     first, second, third = ONE_PER_TYPE[:3]
     walk = [json.loads(Path(TRAIN_GAMES[i].game_file).read_text())["walkthrough"] for i in (first, second)]
