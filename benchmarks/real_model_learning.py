@@ -109,11 +109,10 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
     recipe = RECIPES[env]
     iterations = args.iterations or recipe.iterations
     work = Path(args.work)
-    started = time.monotonic()
     base = base_model(work)
     warm = warm_start(recipe, base, work / f"{env}_warm_start_seed{seed}", seed=seed)
-    # The warm start's build time counts in every run that starts from it (cached or not).
-    log = RunLog(csv_path(Path(args.out), env, estimator, seed), started - warm_start_seconds(warm))
+    # The warm start's build time counts in every run that starts from it (built now or cached).
+    log = RunLog(csv_path(Path(args.out), env, estimator, seed), time.monotonic() - warm_start_seconds(warm))
     log.add(WARM, iteration=0, seconds=round(warm_start_seconds(warm), 1))
     log.add(BEFORE, iteration=0, **held_out_row(held_out(recipe, warm, seed=seed)))
     algo = train_config(recipe, warm, seed=seed, estimator=estimator).build_algo()
