@@ -231,7 +231,7 @@ def render(out: Path) -> str:
 
     runs = read_runs(out)
     lines = [
-        "# A real model learns: SmolLM2-135M-Instruct with GAGPO and GRPO on CPU",
+        "# A real model trained through the whole system: SmolLM2-135M-Instruct, GAGPO and GRPO on CPU",
         "",
         "Written by `python benchmarks/real_model_learning.py --render` from the CSVs in this folder (one per run: "
         "env, estimator, seed; a row per stage and per iteration). The recipe is `gagpo_rllib/tools/real_model.py` "
