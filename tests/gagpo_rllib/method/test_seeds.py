@@ -32,6 +32,7 @@ def test_salts_are_pinned_and_distinct() -> None:
         "EVALUATION_SALT": 0xE7A1,
         "BOOTSTRAP_SALT": 0x626F6F74,
         "DEMONSTRATION_TASKS_SALT": 0xDE30,
+        "EXPERT_FALLBACK_SALT": 0xDE31,
         "SFT_HELDOUT_SALT": 0x5F7,
         "SFT_ORDER_SALT": 0x5F8,
         "SFT_SUBSET_SALT": 0x5F9,
