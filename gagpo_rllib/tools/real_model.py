@@ -8,10 +8,10 @@ updates in bf16 autocast (float32 masters; the old log-probs are recomputed by t
   answer then is the action itself (a few tokens to train, no format to learn).
 - **A behaviour-cloning warm start**, constrained like the rollouts, on the train tasks: the untrained model wins no
   ALFWorld game in the horizon, so GAGPO would see no reward signal. ALFWorld's demonstrations come from ALFWorld's
-  hand-coded expert, which searches the receptacles that can hold the object from what it has seen: a game's
-  stored walkthrough goes straight to where the object hides, which a policy cannot see, and cloning it gave a
-  policy that wanders (5.4% held-out success). WebShop's are scripted purchases. Cached per seed (the seed draws
-  its batches).
+  hand-coded expert, which searches the receptacles that can hold the object from what it has seen (a game's
+  stored walkthrough goes straight to where the object hides, which a policy cannot see). Neither clone wins
+  held-out games often yet (5.4% and 3.6%: docs/learning.md, "Training it on CPU"). WebShop's are scripted
+  purchases. Cached per seed (the seed draws its batches).
 - **History 1 and a horizon of 30 (ALFWorld) or 10 (WebShop) steps**: the learner's cost is its tokens (~1 s per
   275-token row for a forward and backward on 2 cores); the prompt keeps the last observation and action and the
   admissible actions (enough to go on to the next receptacle); the expert's episodes take 13 steps on average,
@@ -49,6 +49,7 @@ __all__ = [
     "held_out",
     "train_config",
     "warm_start",
+    "warm_start_seconds",
 ]
 
 ALFWORLD_TYPES = ("look_at_obj_in_light", "pick_and_place_simple")
@@ -81,10 +82,6 @@ class Recipe:
     iterations: int = 20
     eval_temperature: float = 0.4
     eval_episodes_per_task: int = 4
-
-    def sized(self, **changes: Any) -> Recipe:
-        """A copy with some fields changed (a smaller run, another seed's sizes)."""
-        return replace(self, **changes)
 
 
 ALFWORLD = Recipe(
