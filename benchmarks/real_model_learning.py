@@ -169,7 +169,6 @@ def summary(rows: list[dict]) -> dict:
         "after": _num(after["success"]) if after else math.nan,
         "score_before": _num(before["score"]) if before else math.nan,
         "score_after": _num(after["score"]) if after else math.nan,
-        "episodes": int(_num(before["episodes"])) if before else 0,
         "iterations": len(by[TRAIN]),
         "warm_start_s": _num(by[WARM][0]["seconds"]) if by[WARM] else math.nan,
         "wall_s": _num(last["elapsed_s"]),
@@ -203,9 +202,8 @@ def plot(env: str, runs: dict[str, list[dict]], path: Path) -> None:
         )
         s = summary(rows)
         if s["finished"]:
-            key = "score" if env == "webshop" else ""
-            y0 = s["score_before"] if key else s["before"]
-            y1 = s["score_after"] if key else s["after"]
+            prefix = "score_" if env == "webshop" else ""
+            y0, y1 = s[prefix + "before"], s[prefix + "after"]
             axes[1].plot([0, s["iterations"]], [y0, y1], marker="o", color=colors[estimator], alpha=0.7)
     for estimator, color in colors.items():
         axes[0].plot([], [], color=color, label=estimator.upper())

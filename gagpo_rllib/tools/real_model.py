@@ -133,7 +133,8 @@ def _templates(recipe: Recipe) -> tuple[str, str]:
 def warm_start(recipe: Recipe, base: str | Path, out_dir: str | Path, *, seed: int = 0) -> Path:
     """Behaviour cloning of ``base`` on the recipe's train tasks into ``out_dir`` (cached by its inputs).
 
-    ``out_dir/warm_start.json`` records the demonstrations used and the seconds it took when it was built.
+    ``out_dir/warm_start.json`` records the seconds it took when it was built (what it trained on: the SFT
+    manifest, ``sft.json``).
     """
     from gagpo_rllib.policy.models import inputs_digest
     from gagpo_rllib.tools.demonstrations import demonstrations_for
@@ -165,7 +166,7 @@ def warm_start(recipe: Recipe, base: str | Path, out_dir: str | Path, *, seed: i
         )
 
     started = time.monotonic()
-    result = finetune(
+    finetune(
         base,
         demos,
         out,
@@ -176,17 +177,7 @@ def warm_start(recipe: Recipe, base: str | Path, out_dir: str | Path, *, seed: i
         progress=None,
     )
     if not (record.is_file() and json.loads(record.read_text()).get("cache_key") == key):
-        record.write_text(
-            json.dumps(
-                {
-                    "cache_key": key,
-                    "seconds": time.monotonic() - started,
-                    "train_steps": result.train_steps,
-                    "heldout_steps": result.heldout_steps,
-                    "epochs": result.epochs,
-                }
-            )
-        )
+        record.write_text(json.dumps({"cache_key": key, "seconds": time.monotonic() - started}))
     return out
 
 
@@ -251,18 +242,12 @@ def held_out(
     recipe: Recipe, model_path: str | Path, *, seed: int = 0, backend: str = "vllm", dtype: str = "bfloat16"
 ) -> EvalReport:
     """Success (and WebShop's score) of ``model_path`` on the recipe's held-out tasks, never trained on."""
+    # The training config's decoding, prompts and engine, on the held-out split.
     config = config_for_model(
         str(model_path),
         resolve_env(recipe.env),
+        base=train_config(recipe, model_path, seed=seed, dtype=dtype, backend=backend),
         env_config={**recipe.train_env_config, **recipe.held_out_env_config},
-        constrained_decoding=True,
-        history_length=recipe.history_length,
-        max_prompt_tokens=recipe.max_prompt_tokens,
-        max_new_tokens=recipe.max_new_tokens,
-        dtype=dtype,
-        backend=backend,
-        backend_kwargs=_engine_kwargs(recipe) if backend == "vllm" else {},
-        torch_threads=2,
     )
     settings = EvalSettings(
         split=recipe.held_out_split,

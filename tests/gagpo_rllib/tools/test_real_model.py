@@ -56,7 +56,8 @@ def test_two_iterations_of_the_recipe_take_a_step_on_the_real_model(smollm2: Pat
     )
     warm = warm_start(recipe, smollm2, tmp_path / "warm", seed=0)
     record = json.loads((warm / "warm_start.json").read_text())
-    assert record["train_steps"] >= 16 and record["seconds"] > 0
+    manifest = json.loads((warm / "sft.json").read_text())
+    assert manifest["train_steps"] >= 16 and record["seconds"] > 0
     algo = train_config(recipe, warm, seed=0, dtype="float32").build_algo()
     try:
         before = _weights(algo)
