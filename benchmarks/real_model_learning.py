@@ -49,7 +49,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env", choices=("alfworld", "webshop"), default="alfworld")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--estimators", nargs="+", default=["gagpo", "grpo"], choices=("gagpo", "grpo"))
-    p.add_argument("--iterations", type=int, default=None, help="default: the recipe's")
+    p.add_argument("--iterations", type=int, default=None, help="at most this many; default: the recipe's")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=90.0,
+        help="wall budget of a run, warm start included: training stops when another iteration and the held-out "
+        "evaluation would not fit",
+    )
     p.add_argument(
         "--work", default="/tmp/gagpo_real_model_learning", help="models, warm starts, checkpoints"
     )
@@ -71,8 +78,11 @@ class RunLog:
         with path.open("w", newline="") as f:
             csv.writer(f).writerow(COLUMNS)
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
     def add(self, phase: str, **values) -> None:
-        row = {"phase": phase, "elapsed_s": round(time.monotonic() - self.started, 1), **values}
+        row = {"phase": phase, "elapsed_s": round(self.elapsed(), 1), **values}
         with self.path.open("a", newline="") as f:
             csv.writer(f).writerow(["" if row.get(c) is None else row[c] for c in COLUMNS])
         print(f"[{self.path.stem}] {row}", flush=True)
@@ -114,19 +124,28 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
     # The warm start's build time counts in every run that starts from it (built now or cached).
     log = RunLog(csv_path(Path(args.out), env, estimator, seed), time.monotonic() - warm_start_seconds(warm))
     log.add(WARM, iteration=0, seconds=round(warm_start_seconds(warm), 1))
-    log.add(BEFORE, iteration=0, **held_out_row(held_out(recipe, warm, seed=seed)))
+    before = held_out_row(held_out(recipe, warm, seed=seed))
+    log.add(BEFORE, iteration=0, **before)
     algo = train_config(recipe, warm, seed=seed, estimator=estimator).build_algo()
     checkpoint = work / f"{env}_{estimator}_seed{seed}_checkpoint"
+    budget_s, done, last_s = args.minutes * 60.0, 0, 0.0
     try:
         for i in range(1, iterations + 1):
+            # The evaluation after training takes about as long as the one before.
+            if log.elapsed() + last_s + before["seconds"] > budget_s:
+                print(
+                    f"[{log.path.stem}] stopping after {done} iterations: the {args.minutes:g}-minute budget"
+                )
+                break
             t = time.monotonic()
             result = algo.train()
+            last_s, done = time.monotonic() - t, i
             g = result["gagpo"]
             learner = result.get("learners", {}).get("default_policy", {})
             log.add(
                 TRAIN,
                 iteration=i,
-                seconds=round(time.monotonic() - t, 1),
+                seconds=round(last_s, 1),
                 success=_round(g["success_rate"]),
                 score=_round(g.get("task_score_mean")),
                 episodes=int(g["num_episodes"]),
@@ -140,7 +159,7 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
     finally:
         algo.stop()
     trained = export_checkpoint(checkpoint, work / f"{env}_{estimator}_seed{seed}_model")
-    log.add(AFTER, iteration=iterations, **held_out_row(held_out(recipe, trained, seed=seed)))
+    log.add(AFTER, iteration=done, **held_out_row(held_out(recipe, trained, seed=seed)))
     return log.path
 
 

@@ -157,7 +157,7 @@ def _finish(demos: list[Demonstration], skipped: Counter, what: str) -> DemoSet:
     return DemoSet(demos, dict(skipped))
 
 
-ALFWORLD_EXPERTS = ("walkthrough", "handcoded")
+ALFWORLD_EXPERTS = ("walkthrough", "handcoded", "sweep")
 
 
 def alfworld_demonstrations(
@@ -175,7 +175,10 @@ def alfworld_demonstrations(
     ``expert``: "walkthrough", the planner's solution stored in the game (it goes straight to where the object
     is, which the agent cannot see), or "handcoded", ALFWorld's hand-coded expert (``alfworld.agents.expert``): it
     searches the receptacles that can hold the object, opening closed ones, from what it has seen, the behaviour
-    an agent that does not know the hidden state needs (its rare random fallback draws from ``seed``).
+    an agent that does not know the hidden state needs (its rare random fallback draws from ``seed``), or "sweep",
+    the same expert visiting the receptacles in the order the admissible list shows them: where it goes next then
+    follows from where it is and the list in the prompt, a rule a policy that sees one step of history can learn
+    (the hand-coded expert's own order, the room description's, is not in later prompts).
     ``env_config`` is the env's own (split, data_dir, task_types, ...). A game without a walkthrough, a command
     that is not admissible, or a replay that does not win within ``max_steps`` is counted under ``skipped`` and
     logged.
@@ -190,8 +193,10 @@ def alfworld_demonstrations(
     skipped: Counter[str] = Counter()
     for task_id in _task_ids(env.num_tasks, task_ids, num_tasks, seed):
         game_file = env.games[int(task_id)].game_file
-        if expert == "handcoded":
-            walkthrough = _handcoded_actions(env_config, int(task_id), seed=seed, max_steps=max_steps)
+        if expert in ("handcoded", "sweep"):
+            walkthrough = _handcoded_actions(
+                env_config, int(task_id), seed=seed, max_steps=max_steps, list_order=expert == "sweep"
+            )
         else:
             walkthrough = read_game(game_file).get("walkthrough")
         if not walkthrough:
@@ -212,9 +217,12 @@ def alfworld_demonstrations(
     return _finish(demos, skipped, "alfworld_demonstrations")
 
 
-def _handcoded_actions(env_config: dict | None, task_id: int, *, seed: int, max_steps: int) -> list[str]:
+def _handcoded_actions(
+    env_config: dict | None, task_id: int, *, seed: int, max_steps: int, list_order: bool = False
+) -> list[str]:
     """The commands ALFWorld's hand-coded expert sends in game ``task_id`` until it wins or ``max_steps`` run out
-    (played on an env that reports the PDDL facts the expert reads)."""
+    (played on an env that reports the PDDL facts the expert reads); ``list_order``: it searches the receptacles
+    in the order of the first step's admissible ``go to`` commands."""
     import random
 
     from alfworld.agents.expert.handcoded_expert import HandCodedAgentFailed, HandCodedAgentTimeout
@@ -226,6 +234,8 @@ def _handcoded_actions(env_config: dict | None, task_id: int, *, seed: int, max_
     obs, info = env.reset(seed=0, options={TASK_ID: task_id})
     agent = HandCodedTWAgent(max_steps=max_steps)
     agent.reset(game=info["game_file"])
+    if list_order:
+        _search_in_list_order(agent.policy, info["admissible_commands"])
     agent.observe(obs)
     # The expert falls back to random.choice when it would repeat itself: give it its own seeded draws.
     saved = random.getstate()
@@ -250,6 +260,23 @@ def _handcoded_actions(env_config: dict | None, task_id: int, *, seed: int, max_
     finally:
         random.setstate(saved)
     return actions
+
+
+def _search_in_list_order(policy: Any, admissible: Sequence[str]) -> None:
+    """Make the hand-coded policy visit receptacles in the order of the ``go to`` commands in ``admissible``.
+
+    The policy reads its receptacles from the room description each time it observes it, and searches the list
+    it derives from them from the end: keeping them in reverse list order makes it search in list order.
+    """
+    rank = {c[len("go to ") :]: i for i, c in enumerate(admissible) if c.startswith("go to ")}
+    observe = policy.observe
+
+    def observe_in_list_order(obs: str) -> None:
+        observe(obs)
+        ordered = sorted(policy.receptacles.items(), key=lambda kv: rank.get(kv[0].strip(), len(rank)))
+        policy.receptacles = dict(reversed(ordered))
+
+    policy.observe = observe_in_list_order
 
 
 @functools.lru_cache(maxsize=4)

@@ -75,9 +75,14 @@ class Recipe:
     temperature: float = 0.8
     group_size: int = 8
     groups_per_iteration: int = 2
+    # Replace a group without reward signal by a fresh one (rollouts are cheap next to the learner here).
+    dynamic_sampling: bool = False
     max_steps: int = 20
     lr: float = 2e-5
     minibatch_size: int = 32
+    # Tokens per learner chunk: its activations share the machine's memory with the engine (WebShop's ~750-token
+    # rows at the library's 16384 put a 24 GB machine at the limit).
+    train_chunk_tokens: int = 4096
     kl_coeff: float = 0.0
     iterations: int = 20
     eval_temperature: float = 0.4
@@ -91,10 +96,14 @@ ALFWORLD = Recipe(
     held_out_split="valid_unseen",
     held_out_env_config={"task_types": list(ALFWORLD_TYPES)},
     warm_start=SFTSettings(
-        epochs=1, lr=1e-4, batch_size=8, heldout_fraction=0.1, history_length=1, dtype="bfloat16"
+        epochs=2, lr=1e-4, batch_size=8, heldout_fraction=0.1, history_length=1, dtype="bfloat16"
     ),
-    demonstrations={"expert": "handcoded"},
-    max_steps=30,
+    demonstrations={"expert": "sweep"},
+    max_steps=25,
+    groups_per_iteration=1,
+    dynamic_sampling=True,
+    lr=5e-5,
+    iterations=40,
 )
 WEBSHOP = Recipe(
     name="webshop",
@@ -221,12 +230,14 @@ def train_config(
             groups_per_iteration=recipe.groups_per_iteration,
             max_steps=recipe.max_steps,
             skip_uniform_groups=True,
+            dynamic_sampling=recipe.dynamic_sampling,
         )
         .training(
             lr=recipe.lr,
             num_epochs=1,
             minibatch_size=recipe.minibatch_size,
             grad_clip=1.0,
+            train_chunk_tokens=recipe.train_chunk_tokens,
             kl_coeff=recipe.kl_coeff,
             entropy_coeff=0.0,
         )

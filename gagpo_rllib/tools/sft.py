@@ -14,6 +14,8 @@ folder that ``GAGPOConfig.llm(model_path=...)`` starts from.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import json
 import logging
 import math
@@ -393,4 +395,14 @@ def finetune(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / MANIFEST).write_text(json.dumps(asdict(result), indent=1))
+    del model, optimizer
+    _release_freed_memory()
     return result
+
+
+def _release_freed_memory() -> None:
+    """Hand the training step's freed activations back to the OS: glibc keeps freed heap pages mapped, and a
+    warm start in the driver would otherwise hold them (gigabytes at WebShop's prompt lengths) through RL."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to hand back this way
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

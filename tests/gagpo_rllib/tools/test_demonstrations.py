@@ -101,6 +101,37 @@ def test_handcoded_expert_searches_and_wins_reproducibly() -> None:
         alfworld_demonstrations(config, ids, expert="oracle")
 
 
+def _search_ranks(demo) -> list[int]:
+    """Where each receptacle the episode goes to before its first take stands in the first step's ``go to`` list."""
+    listed = [a for a in demo.steps[0].admissible if a.startswith("go to ")]
+    ranks = []
+    for step in demo.steps:
+        if step.action.startswith("take "):
+            break
+        if step.action.startswith("go to "):
+            ranks.append(listed.index(step.action))
+    return ranks
+
+
+def test_sweep_expert_searches_in_the_listed_order() -> None:
+    """The "sweep" expert wins the same games with admissible commands, and searches the receptacles in the order
+    the admissible list shows them (the hand-coded expert's own order does not)."""
+    from envs.alfworld import AlfworldEnv
+
+    config = {"split": "train", "task_types": ["look_at_obj_in_light", "pick_and_place_simple"]}
+    ids = list(range(6))
+    sweep = alfworld_demonstrations(config, ids, expert="sweep")
+    assert sweep.skipped == {} and [d.task_id for d in sweep.demonstrations] == ids
+    env = AlfworldEnv(config)
+    for demo in sweep.demonstrations:
+        check_replays_to_a_win(demo, env)
+        ranks = _search_ranks(demo)
+        assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks), ranks
+    assert sum(len(_search_ranks(d)) for d in sweep.demonstrations) >= 2 * len(ids)
+    handcoded = alfworld_demonstrations(config, ids, expert="handcoded")
+    assert any(_search_ranks(d) != sorted(_search_ranks(d)) for d in handcoded.demonstrations)
+
+
 def test_broken_walkthroughs_are_counted_not_kept(tmp_path: Path) -> None:
     first, second, third = ONE_PER_TYPE[:3]
     walk = [json.loads(Path(TRAIN_GAMES[i].game_file).read_text())["walkthrough"] for i in (first, second)]
