@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -80,25 +81,35 @@ def _copy_game(src_index: int, root: Path, walkthrough: list[str]) -> None:
     (dst / "game.tw-pddl").write_text(json.dumps(game))
 
 
+EXPERT_CONFIG = {"split": "train", "task_types": ["look_at_obj_in_light", "pick_and_place_simple"]}
+EXPERT_IDS = list(range(6))
+
+
+@functools.cache
+def expert_demonstrations(expert: str):
+    """The ``expert``'s episodes of the first games of two task types, checked to win with admissible commands."""
+    from envs.alfworld import AlfworldEnv
+
+    demos = alfworld_demonstrations(EXPERT_CONFIG, EXPERT_IDS, expert=expert)
+    assert demos.skipped == {} and [d.task_id for d in demos.demonstrations] == EXPERT_IDS
+    env = AlfworldEnv(EXPERT_CONFIG)
+    for demo in demos.demonstrations:
+        check_replays_to_a_win(demo, env)
+    return demos
+
+
 def test_handcoded_expert_searches_and_wins_reproducibly() -> None:
     """ALFWorld's hand-coded expert plays from what it sees: it wins, every command is admissible, the same seed
     gives the same episodes, and it looks in places the walkthrough (which knows where the object is) skips."""
-    from envs.alfworld import AlfworldEnv
-
-    config = {"split": "train", "task_types": ["look_at_obj_in_light", "pick_and_place_simple"]}
-    ids = list(range(6))
-    expert = alfworld_demonstrations(config, ids, expert="handcoded")
-    assert expert.skipped == {} and [d.task_id for d in expert.demonstrations] == ids
-    env = AlfworldEnv(config)
-    for demo in expert.demonstrations:
-        check_replays_to_a_win(demo, env)
-    assert alfworld_demonstrations(config, ids, expert="handcoded").demonstrations == expert.demonstrations
-    walkthrough = alfworld_demonstrations(config, ids)
+    expert = expert_demonstrations("handcoded")
+    again = alfworld_demonstrations(EXPERT_CONFIG, EXPERT_IDS, expert="handcoded")
+    assert again.demonstrations == expert.demonstrations
+    walkthrough = alfworld_demonstrations(EXPERT_CONFIG, EXPERT_IDS)
     assert sum(len(d.steps) for d in expert.demonstrations) > sum(
         len(d.steps) for d in walkthrough.demonstrations
     )
     with pytest.raises(ValueError, match="expert must be one of"):
-        alfworld_demonstrations(config, ids, expert="oracle")
+        alfworld_demonstrations(EXPERT_CONFIG, EXPERT_IDS, expert="oracle")
 
 
 def _search_ranks(demo) -> list[int]:
@@ -116,19 +127,12 @@ def _search_ranks(demo) -> list[int]:
 def test_sweep_expert_searches_in_the_listed_order() -> None:
     """The "sweep" expert wins the same games with admissible commands, and searches the receptacles in the order
     the admissible list shows them (the hand-coded expert's own order does not)."""
-    from envs.alfworld import AlfworldEnv
-
-    config = {"split": "train", "task_types": ["look_at_obj_in_light", "pick_and_place_simple"]}
-    ids = list(range(6))
-    sweep = alfworld_demonstrations(config, ids, expert="sweep")
-    assert sweep.skipped == {} and [d.task_id for d in sweep.demonstrations] == ids
-    env = AlfworldEnv(config)
+    sweep = expert_demonstrations("sweep")
     for demo in sweep.demonstrations:
-        check_replays_to_a_win(demo, env)
         ranks = _search_ranks(demo)
         assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks), ranks
-    assert sum(len(_search_ranks(d)) for d in sweep.demonstrations) >= 2 * len(ids)
-    handcoded = alfworld_demonstrations(config, ids, expert="handcoded")
+    assert sum(len(_search_ranks(d)) for d in sweep.demonstrations) >= 2 * len(EXPERT_IDS)
+    handcoded = expert_demonstrations("handcoded")
     assert any(_search_ranks(d) != sorted(_search_ranks(d)) for d in handcoded.demonstrations)
 
 
