@@ -93,6 +93,17 @@ def _round(value, digits: int = 4) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
+def _rss_gib() -> float:
+    """This process's resident memory (Linux), in GiB; NaN where /proc is absent."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return math.nan
+
+
 def held_out_row(report) -> dict:
     scores = [e.task_score for e in report.episodes if e.task_score is not None]
     return {
@@ -115,6 +126,7 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
         warm_start,
         warm_start_seconds,
     )
+    from gagpo_rllib.tools.sft import release_freed_memory
 
     recipe = RECIPES[env]
     iterations = args.iterations or recipe.iterations
@@ -158,6 +170,11 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
         algo.save_to_path(str(checkpoint))
     finally:
         algo.stop()
+    # The stopped algorithm's learner (weights, optimizer state, freed activations) lives in this process: let it
+    # go before the evaluation's engine starts, or Ray's memory monitor kills that engine's EnvRunner.
+    del algo
+    release_freed_memory()
+    print(f"[{log.path.stem}] driver resident memory before the held-out evaluation: {_rss_gib():.1f} GiB")
     trained = export_checkpoint(checkpoint, work / f"{env}_{estimator}_seed{seed}_model")
     log.add(AFTER, iteration=done, **held_out_row(held_out(recipe, trained, seed=seed)))
     return log.path

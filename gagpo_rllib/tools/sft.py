@@ -396,13 +396,14 @@ def finetune(
     tokenizer.save_pretrained(out)
     (out / MANIFEST).write_text(json.dumps(asdict(result), indent=1))
     del model, optimizer
-    _release_freed_memory()
+    release_freed_memory()
     return result
 
 
-def _release_freed_memory() -> None:
-    """Hand the training step's freed activations back to the OS: glibc keeps freed heap pages mapped, and a
-    warm start in the driver would otherwise hold them (gigabytes at WebShop's prompt lengths) through RL."""
+def release_freed_memory() -> None:
+    """Hand freed tensors back to the OS: glibc keeps freed heap pages mapped, so a warm start or a stopped
+    algorithm in the driver would otherwise hold its memory (gigabytes at WebShop's prompt lengths) through the
+    next stage, and the next stage's EnvRunners get killed by Ray's memory monitor."""
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to hand back this way
         ctypes.CDLL("libc.so.6").malloc_trim(0)
