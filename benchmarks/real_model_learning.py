@@ -259,6 +259,17 @@ def plot(env: str, runs: dict[str, list[dict]], path: Path) -> None:
     plt.close(fig)
 
 
+def _held_out_tasks(recipe) -> str:
+    """Which held-out tasks a recipe evaluates, in words."""
+    which = (
+        f"{recipe.held_out_tasks} of its tasks drawn from the seed"
+        if recipe.held_out_tasks
+        else "all its tasks"
+    )
+    types = recipe.held_out_env_config.get("task_types")
+    return f"{which} of types {', '.join(types)}" if types else which
+
+
 def render(out: Path) -> str:
     """The results page from every CSV in ``out`` (and a PNG per env)."""
     from gagpo_rllib.tools.real_model import RECIPES
@@ -279,9 +290,9 @@ def render(out: Path) -> str:
             lines.append("No run recorded yet.")
             continue
         lines += [
-            f"Held-out: {recipe.held_out_split} {recipe.held_out_env_config or ''} "
+            f"Held-out: the {recipe.held_out_split} split, {_held_out_tasks(recipe)} "
             f"({recipe.eval_episodes_per_task} episodes per task at temperature {recipe.eval_temperature}, "
-            f"at most {recipe.max_steps} steps). Training: {recipe.groups_per_iteration} groups x "
+            f"at most {recipe.max_steps} steps). Training: {recipe.groups_per_iteration} group(s) x "
             f"{recipe.group_size} rollouts per iteration at temperature {recipe.temperature}, lr {recipe.lr}.",
             "",
         ]
