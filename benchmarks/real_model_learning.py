@@ -39,6 +39,11 @@ COLUMNS = (
     "no_signal_groups",
     "first_minibatch_ratio_max_dev",
     "invalid_share",
+    # The learner connector's grouping diagnostics of a trained iteration: steps whose state is seen once in its
+    # group, and steps whose advantage is exactly 0 (GAGPO gives 0 to a step whose state and every later state on
+    # its path are seen once: it learns nothing there).
+    "singleton_share",
+    "adv_zero_share",
 )
 # Phases of a run's CSV, in order: the warm start (its build time), held-out before, each iteration, held-out after.
 WARM, BEFORE, TRAIN, AFTER = "warm_start", "held_out_before", "train", "held_out_after"
@@ -153,7 +158,8 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
             result = algo.train()
             last_s, done = time.monotonic() - t, i
             g = result["gagpo"]
-            learner = result.get("learners", {}).get("default_policy", {})
+            learners = result.get("learners", {})
+            learner, grouping = learners.get("default_policy", {}), learners.get("gagpo", {})
             log.add(
                 TRAIN,
                 iteration=i,
@@ -164,6 +170,8 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
                 no_signal_groups=_round(g["groups_no_reward_signal_share"]),
                 first_minibatch_ratio_max_dev=_round(learner.get("first_minibatch_ratio_max_dev"), 6),
                 invalid_share=_round(g["invalid_action_share"]),
+                singleton_share=_round(grouping.get("singleton_share")),
+                adv_zero_share=_round(grouping.get("adv_zero_share")),
             )
         if checkpoint.exists():
             shutil.rmtree(checkpoint)
@@ -200,6 +208,12 @@ def summary(rows: list[dict]) -> dict:
         by[r["phase"]].append(r)
     before, after = (by[BEFORE] or [None])[0], (by[AFTER] or [None])[0]
     last = rows[-1]
+
+    def train_mean(column: str) -> float:
+        # Over the iterations that recorded it (runs logged before the column existed have none).
+        values = [v for v in (_num(r.get(column)) for r in by[TRAIN]) if not math.isnan(v)]
+        return sum(values) / len(values) if values else math.nan
+
     return {
         "before": _num(before["success"]) if before else math.nan,
         "after": _num(after["success"]) if after else math.nan,
@@ -209,6 +223,8 @@ def summary(rows: list[dict]) -> dict:
         "warm_start_s": _num(by[WARM][0]["seconds"]) if by[WARM] else math.nan,
         "wall_s": _num(last["elapsed_s"]),
         "finished": after is not None,
+        "singleton_share": train_mean("singleton_share"),
+        "adv_zero_share": train_mean("adv_zero_share"),
     }
 
 
@@ -302,7 +318,8 @@ def render(out: Path) -> str:
         if score:
             head += " score: start | after | change |"
             rule += "---:|---:|---:|"
-        lines += [head + " iterations | warm start (min) | wall time (min) |", rule + "---:|---:|---:|"]
+        head += " iterations | warm start (min) | wall time (min) | steps: state seen once | advantage 0 |"
+        lines += [head, rule + "---:|---:|---:|---:|---:|"]
         for stem, rows in sorted(env_runs.items()):
             _, estimator, seed = stem.split("_")
             s = summary(rows)
@@ -317,8 +334,14 @@ def render(out: Path) -> str:
             row += (
                 f" {s['iterations']}{'' if s['finished'] else ' (running)'} | {s['warm_start_s'] / 60:.1f} |"
             )
-            row += f" {s['wall_s'] / 60:.1f} |"
+            row += f" {s['wall_s'] / 60:.1f} | {_pct(s['singleton_share'])} | {_pct(s['adv_zero_share'])} |"
             lines.append(row)
+        lines += [
+            "",
+            "The last two columns: the mean over training iterations of the share of steps whose state is seen "
+            "once in its group, and of steps whose advantage is exactly 0 (GAGPO gives 0 to a step whose state and "
+            "every later state on its path are seen once); `-` for runs recorded before they were logged.",
+        ]
         png = out / f"{env}.png"
         plot(env, env_runs, png)
         lines += ["", f"![{env} learning curve]({png.name})"]
