@@ -220,6 +220,8 @@ def summary(rows: list[dict]) -> dict:
         "score_before": _num(before["score"]) if before else math.nan,
         "score_after": _num(after["score"]) if after else math.nan,
         "iterations": len(by[TRAIN]),
+        # Iterations that played no episode (every try lost its EnvRunner): nothing was trained in them.
+        "empty_iterations": sum(_num(r.get("episodes")) == 0 for r in by[TRAIN]),
         "warm_start_s": _num(by[WARM][0]["seconds"]) if by[WARM] else math.nan,
         "wall_s": _num(last["elapsed_s"]),
         "finished": after is not None,
@@ -332,7 +334,8 @@ def render(out: Path) -> str:
                 change = "-" if not s["finished"] else f"{s['score_after'] - s['score_before']:+.3f}"
                 row += f" {s['score_before']:.3f} | {s['score_after']:.3f} | {change} |"
             row += (
-                f" {s['iterations']}{'' if s['finished'] else ' (running)'} | {s['warm_start_s'] / 60:.1f} |"
+                f" {s['iterations']}{f' ({empty} played no episode)' if (empty := s['empty_iterations']) else ''}"
+                f"{'' if s['finished'] else ' (running)'} | {s['warm_start_s'] / 60:.1f} |"
             )
             row += f" {s['wall_s'] / 60:.1f} | {_pct(s['singleton_share'])} | {_pct(s['adv_zero_share'])} |"
             lines.append(row)
