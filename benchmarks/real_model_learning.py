@@ -39,7 +39,7 @@ COLUMNS = (
     "no_signal_groups",
     "first_minibatch_ratio_max_dev",
     "invalid_share",
-    # The learner connector's grouping diagnostics of a trained iteration: steps whose state is seen once in its
+    # The learner connector's grouping diagnostics of the iteration's batch: steps whose state is seen once in its
     # group, and steps whose advantage is exactly 0 (GAGPO gives 0 to a step whose state and every later state on
     # its path are seen once: it learns nothing there).
     "singleton_share",
@@ -159,7 +159,9 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
             last_s, done = time.monotonic() - t, i
             g = result["gagpo"]
             learners = result.get("learners", {})
-            learner, grouping = learners.get("default_policy", {}), learners.get("gagpo", {})
+            learner = learners.get("default_policy", {})
+            # An iteration that played no episode sent no batch to the learner: nothing of it to record.
+            grouping = learners.get("gagpo", {}) if g["num_episodes"] else {}
             log.add(
                 TRAIN,
                 iteration=i,
