@@ -335,10 +335,12 @@ def render(out: Path) -> str:
             if score:
                 change = "-" if not s["finished"] else f"{s['score_after'] - s['score_before']:+.3f}"
                 row += f" {s['score_before']:.3f} | {s['score_after']:.3f} | {change} |"
-            row += (
-                f" {s['iterations']}{f' ({empty} played no episode)' if (empty := s['empty_iterations']) else ''}"
-                f"{'' if s['finished'] else ' (running)'} | {s['warm_start_s'] / 60:.1f} |"
-            )
+            iterations = str(s["iterations"])
+            if s["empty_iterations"]:
+                iterations += f" ({s['empty_iterations']} played no episode)"
+            if not s["finished"]:
+                iterations += " (running)"
+            row += f" {iterations} | {s['warm_start_s'] / 60:.1f} |"
             row += f" {s['wall_s'] / 60:.1f} | {_pct(s['singleton_share'])} | {_pct(s['adv_zero_share'])} |"
             lines.append(row)
         lines += [
