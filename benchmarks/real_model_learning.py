@@ -6,6 +6,7 @@ same model, and each run's wall time counts the warm start), held-out success be
 iterations (vLLM CPU engine rollouts in an EnvRunner, bf16 learner), held-out success after. One CSV per run lands
 in ``benchmarks/results/real_model_learning/`` as the run goes (a row per stage and per iteration), and the page
 (``README.md`` there, one table per env and a PNG learning curve per env) is written again from every CSV present.
+Several runs in one command run one after another, each in a fresh process.
 
     python benchmarks/real_model_learning.py --env alfworld --seeds 0 1 2            # GAGPO and GRPO per seed
     python benchmarks/real_model_learning.py --env webshop --seeds 0 --estimators gagpo
@@ -15,10 +16,12 @@ in ``benchmarks/results/real_model_learning/`` as the run goes (a row per stage 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import math
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -44,6 +47,11 @@ COLUMNS = (
     # its path are seen once: it learns nothing there).
     "singleton_share",
     "adv_zero_share",
+    # What the iteration cost this machine: the driver's peak resident memory in it (the learner runs in the driver),
+    # and the EnvRunner calls that came back empty or found a restarted runner (Ray's memory monitor kills the
+    # engine's EnvRunner when the machine runs short).
+    "driver_peak_gib",
+    "runner_failures",
 )
 # Phases of a run's CSV, in order: the warm start (its build time), held-out before, each iteration, held-out after.
 WARM, BEFORE, TRAIN, AFTER = "warm_start", "held_out_before", "train", "held_out_after"
@@ -98,15 +106,21 @@ def _round(value, digits: int = 4) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
-def _rss_gib() -> float:
-    """This process's resident memory (Linux), in GiB; NaN where /proc is absent."""
+def _rss_gib(field: str = "VmRSS") -> float:
+    """This process's resident memory (Linux; ``VmHWM``: its peak), in GiB; NaN where /proc is absent."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 2**20
     except OSError:
         pass
     return math.nan
+
+
+def _reset_peak_rss() -> None:
+    """Start this process's peak resident memory (``VmHWM``) again from its current size (Linux 4.0+)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
 
 
 def held_out_row(report) -> dict:
@@ -155,8 +169,10 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
                 )
                 break
             t = time.monotonic()
+            _reset_peak_rss()
             result = algo.train()
             last_s, done = time.monotonic() - t, i
+            peak_gib = _rss_gib("VmHWM")
             g = result["gagpo"]
             learners = result.get("learners", {})
             learner = learners.get("default_policy", {})
@@ -174,6 +190,8 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
                 invalid_share=_round(g["invalid_action_share"]),
                 singleton_share=_round(grouping.get("singleton_share")),
                 adv_zero_share=_round(grouping.get("adv_zero_share")),
+                driver_peak_gib=_round(peak_gib, 2),
+                runner_failures=int(g.get("runner_failures", 0)),
             )
         if checkpoint.exists():
             shutil.rmtree(checkpoint)
@@ -211,9 +229,12 @@ def summary(rows: list[dict]) -> dict:
     before, after = (by[BEFORE] or [None])[0], (by[AFTER] or [None])[0]
     last = rows[-1]
 
+    def recorded(column: str) -> list[float]:
+        # The iterations that recorded it (runs logged before the column existed have none).
+        return [v for v in (_num(r.get(column)) for r in by[TRAIN]) if not math.isnan(v)]
+
     def train_mean(column: str) -> float:
-        # Over the iterations that recorded it (runs logged before the column existed have none).
-        values = [v for v in (_num(r.get(column)) for r in by[TRAIN]) if not math.isnan(v)]
+        values = recorded(column)
         return sum(values) / len(values) if values else math.nan
 
     return {
@@ -229,11 +250,17 @@ def summary(rows: list[dict]) -> dict:
         "finished": after is not None,
         "singleton_share": train_mean("singleton_share"),
         "adv_zero_share": train_mean("adv_zero_share"),
+        "driver_peak_gib": max(recorded("driver_peak_gib"), default=math.nan),
+        "runner_failures": sum(recorded("runner_failures")) if recorded("runner_failures") else math.nan,
     }
 
 
 def _pct(x: float) -> str:
     return "-" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def _plain(x: float, spec: str) -> str:
+    return "-" if math.isnan(x) else format(x, spec)
 
 
 def plot(env: str, runs: dict[str, list[dict]], path: Path) -> None:
@@ -322,8 +349,11 @@ def render(out: Path) -> str:
         if score:
             head += " score: start | after | change |"
             rule += "---:|---:|---:|"
-        head += " iterations | warm start (min) | wall time (min) | steps: state seen once | advantage 0 |"
-        lines += [head, rule + "---:|---:|---:|---:|---:|"]
+        head += (
+            " iterations | warm start (min) | wall time (min) | steps: state seen once | advantage 0 |"
+            " driver peak (GiB) | runner failures |"
+        )
+        lines += [head, rule + "---:|---:|---:|---:|---:|---:|---:|"]
         for stem, rows in sorted(env_runs.items()):
             _, estimator, seed = stem.split("_")
             s = summary(rows)
@@ -342,12 +372,15 @@ def render(out: Path) -> str:
                 iterations += " (running)"
             row += f" {iterations} | {s['warm_start_s'] / 60:.1f} |"
             row += f" {s['wall_s'] / 60:.1f} | {_pct(s['singleton_share'])} | {_pct(s['adv_zero_share'])} |"
+            row += f" {_plain(s['driver_peak_gib'], '.1f')} | {_plain(s['runner_failures'], '.0f')} |"
             lines.append(row)
         lines += [
             "",
-            "The last two columns: the mean over training iterations of the share of steps whose state is seen "
-            "once in its group, and of steps whose advantage is exactly 0 (GAGPO gives 0 to a step whose state and "
-            "every later state on its path are seen once); `-` for runs recorded before they were logged.",
+            "Steps: the mean over training iterations of the share of steps whose state is seen once in its group, "
+            "and of steps whose advantage is exactly 0 (GAGPO gives 0 to a step whose state and every later state "
+            "on its path are seen once). Driver peak: the largest resident memory of the process running the "
+            "learner in any iteration; runner failures: EnvRunner calls that came back empty or found a restarted "
+            "runner (the group is played again). `-`: a run recorded before the column was logged.",
         ]
         png = out / f"{env}.png"
         plot(env, env_runs, png)
@@ -364,15 +397,39 @@ def main(argv: list[str] | None = None) -> int:
     if not args.render:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
         os.environ.setdefault("ALFWORLD_DATA", str(Path(args.work) / "alfworld_data"))
+        runs = [(seed, estimator) for seed in args.seeds for estimator in args.estimators]
+        if len(runs) > 1:
+            # Each run in a process of its own: a run started in a process that already trained one began from a
+            # driver that kept what the first left behind.
+            failed = [r for r in runs if _run_in_subprocess(*r, args) != 0]
+            print(render(out))
+            if failed:
+                print(f"runs that failed (seed, estimator): {failed}", file=sys.stderr)
+            return 1 if failed else 0
         from gagpo_rllib.tools.train import init_ray
 
         init_ray(num_cpus=2)
-        for seed in args.seeds:
-            for estimator in args.estimators:
-                run(args.env, estimator, seed, args)
-                render(out)
+        run(args.env, args.estimators[0], args.seeds[0], args)
     print(render(out))
     return 0
+
+
+def _run_in_subprocess(seed: int, estimator: str, args: argparse.Namespace) -> int:
+    """One (seed, estimator) run by this script in a fresh Python process; its exit status."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--env", args.env, "--seeds", str(seed)]
+    argv += [
+        "--estimators",
+        estimator,
+        "--minutes",
+        str(args.minutes),
+        "--work",
+        args.work,
+        "--out",
+        args.out,
+    ]
+    if args.iterations:
+        argv += ["--iterations", str(args.iterations)]
+    return subprocess.run(argv, check=False).returncode
 
 
 if __name__ == "__main__":

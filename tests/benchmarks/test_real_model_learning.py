@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 import benchmarks.real_model_learning as rml
 
@@ -32,3 +36,43 @@ def test_summary_of_a_run_logged_before_the_grouping_columns() -> None:
     s = rml.summary(rows)
     assert math.isnan(s["singleton_share"]) and math.isnan(s["adv_zero_share"])
     assert not s["finished"] and (s["iterations"], s["empty_iterations"]) == (1, 0)
+
+
+def test_summary_reads_peak_memory_and_runner_failures() -> None:
+    rows = [
+        _row(rml.TRAIN, 1, 120.0, driver_peak_gib="9.5", runner_failures="0"),
+        _row(rml.TRAIN, 2, 130.0, driver_peak_gib="16.25", runner_failures="3"),
+        _row(rml.TRAIN, 3, 150.0, driver_peak_gib="12.0", runner_failures="1"),
+    ]
+    s = rml.summary(rows)
+    assert (s["driver_peak_gib"], s["runner_failures"]) == (16.25, 4)
+    old = rml.summary([_row(rml.TRAIN, 1, 120.0)])
+    assert math.isnan(old["driver_peak_gib"]) and math.isnan(old["runner_failures"])
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux /proc only")
+def test_peak_resident_memory_restarts_from_the_current_size() -> None:
+    block = bytearray(256 * 2**20)  # touched: resident
+    block[::4096] = b"\1" * len(block[::4096])
+    del block
+    peak_before = rml._rss_gib("VmHWM")
+    assert peak_before >= rml._rss_gib() + 0.2
+    rml._reset_peak_rss()
+    assert rml._rss_gib("VmHWM") < peak_before - 0.2
+
+
+def test_several_runs_go_to_fresh_processes_with_the_same_settings(monkeypatch, tmp_path) -> None:
+    calls = []
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "ALFWORLD_DATA"):  # main sets defaults; restored after the test
+        monkeypatch.setenv(name, str(tmp_path / name))
+    monkeypatch.setattr(
+        rml.subprocess, "run", lambda argv, check: calls.append(argv) or SimpleNamespace(returncode=0)
+    )
+    argv = ["--env", "webshop", "--seeds", "1", "2", "--estimators", "grpo", "--minutes", "85"]
+    argv += ["--iterations", "3", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out")]
+    assert rml.main(argv) == 0
+    children = [rml.parse_args(c[2:]) for c in calls]
+    assert [(c.seeds, c.estimators) for c in children] == [([1], ["grpo"]), ([2], ["grpo"])]
+    assert all(c.env == "webshop" and c.minutes == 85 and c.iterations == 3 for c in children)
+    assert all(c.work == str(tmp_path / "w") and c.out == str(tmp_path / "out") for c in children)
+    assert (tmp_path / "out" / "README.md").exists()
