@@ -237,6 +237,8 @@ def summary(rows: list[dict]) -> dict:
         values = recorded(column)
         return sum(values) / len(values) if values else math.nan
 
+    failures = recorded("runner_failures")
+
     return {
         "before": _num(before["success"]) if before else math.nan,
         "after": _num(after["success"]) if after else math.nan,
@@ -251,7 +253,7 @@ def summary(rows: list[dict]) -> dict:
         "singleton_share": train_mean("singleton_share"),
         "adv_zero_share": train_mean("adv_zero_share"),
         "driver_peak_gib": max(recorded("driver_peak_gib"), default=math.nan),
-        "runner_failures": sum(recorded("runner_failures")) if recorded("runner_failures") else math.nan,
+        "runner_failures": sum(failures) if failures else math.nan,
     }
 
 
