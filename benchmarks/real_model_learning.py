@@ -106,7 +106,7 @@ def _round(value, digits: int = 4) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
-def _rss_gib(field: str = "VmRSS") -> float:
+def rss_gib(field: str = "VmRSS") -> float:
     """This process's resident memory (Linux; ``VmHWM``: its peak), in GiB; NaN where /proc is absent."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -117,7 +117,7 @@ def _rss_gib(field: str = "VmRSS") -> float:
     return math.nan
 
 
-def _reset_peak_rss() -> None:
+def reset_peak_rss() -> None:
     """Start this process's peak resident memory (``VmHWM``) again from its current size (Linux 4.0+)."""
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
@@ -169,10 +169,10 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
                 )
                 break
             t = time.monotonic()
-            _reset_peak_rss()
+            reset_peak_rss()
             result = algo.train()
             last_s, done = time.monotonic() - t, i
-            peak_gib = _rss_gib("VmHWM")
+            peak_gib = rss_gib("VmHWM")
             g = result["gagpo"]
             learners = result.get("learners", {})
             learner = learners.get("default_policy", {})
@@ -202,7 +202,7 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
     # go before the evaluation's engine starts, or Ray's memory monitor kills that engine's EnvRunner.
     del algo
     release_freed_memory()
-    print(f"[{log.path.stem}] driver resident memory before the held-out evaluation: {_rss_gib():.1f} GiB")
+    print(f"[{log.path.stem}] driver resident memory before the held-out evaluation: {rss_gib():.1f} GiB")
     trained = export_checkpoint(checkpoint, work / f"{env}_{estimator}_seed{seed}_model")
     log.add(AFTER, iteration=done, **held_out_row(held_out(recipe, trained, seed=seed)))
     return log.path

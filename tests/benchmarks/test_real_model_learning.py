@@ -55,10 +55,10 @@ def test_peak_resident_memory_restarts_from_the_current_size() -> None:
     block = bytearray(256 * 2**20)  # touched: resident
     block[::4096] = b"\1" * len(block[::4096])
     del block
-    peak_before = rml._rss_gib("VmHWM")
-    assert peak_before >= rml._rss_gib() + 0.2
-    rml._reset_peak_rss()
-    assert rml._rss_gib("VmHWM") < peak_before - 0.2
+    peak_before = rml.rss_gib("VmHWM")
+    assert peak_before >= rml.rss_gib() + 0.2
+    rml.reset_peak_rss()
+    assert rml.rss_gib("VmHWM") < peak_before - 0.2
 
 
 def test_several_runs_go_to_fresh_processes_with_the_same_settings(monkeypatch, tmp_path) -> None:
