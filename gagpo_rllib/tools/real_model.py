@@ -26,6 +26,9 @@ updates in bf16 autocast (float32 masters; the old log-probs are recomputed by t
 - **ALFWorld: the two single-object task types** (look at an object under a lamp, put an object somewhere), the
   families whose expert episodes are short enough for a warm start to win games within the horizon; held out:
   every valid_unseen game of those types.
+- **vLLM rollouts and full fine-tuning**: the fastest set-up measured (``benchmarks/real_model_setups.py``): Hugging
+  Face ``generate`` samples 1.7x slower per step, vLLM's CPU engine with LoRA adapters 5.3x slower, and a LoRA
+  update costs about what a full one does at this size (the activations' forward and backward dominate).
 - **No KL term** (``kl_coeff=0``): it would cost a reference forward per row (a sixth of the update) for a run of
   a few dozen updates; clipping bounds each step.
 

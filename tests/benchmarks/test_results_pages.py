@@ -95,3 +95,15 @@ def test_real_model_learning_page_is_what_render_writes(tmp_path: Path) -> None:
         e: [k for k in rml.read_runs(tmp_path) if k.startswith(e + "_")] for e in ("alfworld", "webshop")
     }.items():
         assert (tmp_path / f"{env}.png").is_file() == bool(runs)
+
+
+def test_real_model_setups_page_is_what_render_writes(tmp_path: Path) -> None:
+    import benchmarks.real_model_setups as rms
+
+    name = "real_model_setups"
+    csvs = sorted((RESULTS / name).glob("*.csv"))
+    assert csvs
+    for path in csvs:
+        shutil.copy(path, tmp_path / path.name)
+    assert rms.main(["--render", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "README.md").read_text() == (RESULTS / name / "README.md").read_text()
