@@ -261,7 +261,8 @@ def _pct(x: float) -> str:
     return "-" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
-def _plain(x: float, spec: str) -> str:
+def plain(x: float, spec: str) -> str:
+    """``x`` in ``spec``, or ``-`` where it was not measured (NaN)."""
     return "-" if math.isnan(x) else format(x, spec)
 
 
@@ -374,7 +375,7 @@ def render(out: Path) -> str:
                 iterations += " (running)"
             row += f" {iterations} | {s['warm_start_s'] / 60:.1f} |"
             row += f" {s['wall_s'] / 60:.1f} | {_pct(s['singleton_share'])} | {_pct(s['adv_zero_share'])} |"
-            row += f" {_plain(s['driver_peak_gib'], '.1f')} | {_plain(s['runner_failures'], '.0f')} |"
+            row += f" {plain(s['driver_peak_gib'], '.1f')} | {plain(s['runner_failures'], '.0f')} |"
             lines.append(row)
         lines += [
             "",
@@ -392,13 +393,19 @@ def render(out: Path) -> str:
     return text
 
 
+def run_environment(work: str) -> None:
+    """Defaults a real-model run needs (kept where the caller set them): the vLLM CPU engine's KV cache in GiB, and
+    ALFWorld's data folder under ``work``; child processes inherit them."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    os.environ.setdefault("ALFWORLD_DATA", str(Path(work) / "alfworld_data"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.render:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-        os.environ.setdefault("ALFWORLD_DATA", str(Path(args.work) / "alfworld_data"))
+        run_environment(args.work)
         runs = [(seed, estimator) for seed in args.seeds for estimator in args.estimators]
         if len(runs) > 1:
             # Each run in a process of its own: a run started in a process that already trained one began from a

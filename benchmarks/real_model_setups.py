@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.real_model_learning import reset_peak_rss, rss_gib  # noqa: E402
+from benchmarks.real_model_learning import plain, reset_peak_rss, rss_gib, run_environment  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "real_model_setups"
 COLUMNS = (
@@ -165,12 +164,8 @@ def costs(rows: list[dict]) -> dict:
     }
 
 
-def _cell(x: float, spec: str) -> str:
-    return "-" if math.isnan(x) else format(x, spec)
-
-
 def _ratio(c: dict, base: dict | None, key: str) -> str:
-    return _cell(c[key] / base[key], ".2f") if base else "-"
+    return plain(c[key] / base[key], ".2f") if base else "-"
 
 
 def render(out: Path) -> str:
@@ -199,10 +194,10 @@ def render(out: Path) -> str:
         for setup, rows in runs.items():
             c = costs(rows)
             lines.append(
-                f"| {setup} | {c['iterations']} | {_cell(c['sampling_s_per_step'], '.3f')} | "
-                f"{_ratio(c, base, 'sampling_s_per_step')} | {_cell(c['update_s_per_row'], '.3f')} | "
-                f"{_ratio(c, base, 'update_s_per_row')} | {_cell(c['sync_s'], '.2f')} | "
-                f"{_cell(c['seconds_per_iteration'], '.1f')} | {_cell(c['driver_peak_gib'], '.1f')} |"
+                f"| {setup} | {c['iterations']} | {plain(c['sampling_s_per_step'], '.3f')} | "
+                f"{_ratio(c, base, 'sampling_s_per_step')} | {plain(c['update_s_per_row'], '.3f')} | "
+                f"{_ratio(c, base, 'update_s_per_row')} | {plain(c['sync_s'], '.2f')} | "
+                f"{plain(c['seconds_per_iteration'], '.1f')} | {plain(c['driver_peak_gib'], '.1f')} |"
             )
     text = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
@@ -214,8 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     if not args.render:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-        os.environ.setdefault("ALFWORLD_DATA", str(Path(args.work) / "alfworld_data"))
+        run_environment(args.work)
         if len(args.setups) > 1:
             # One process per set-up: each starts from a driver and an engine of its own.
             failed = [s for s in args.setups if _run_in_subprocess(s, args) != 0]
