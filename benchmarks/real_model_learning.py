@@ -142,6 +142,7 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
         base_model,
         held_out,
         train_config,
+        train_games,
         warm_start,
         warm_start_seconds,
     )
@@ -151,13 +152,15 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
     iterations = args.iterations or recipe.iterations
     work = Path(args.work)
     base = base_model(work)
+    # Generated once and shared by every run (the stand-in for ALFWorld's download): not in a run's wall time.
+    games = train_games(recipe, work)
     warm = warm_start(recipe, base, work / f"{env}_warm_start_seed{seed}", seed=seed)
     # The warm start's build time counts in every run that starts from it (built now or cached).
     log = RunLog(csv_path(Path(args.out), env, estimator, seed), time.monotonic() - warm_start_seconds(warm))
     log.add(WARM, iteration=0, seconds=round(warm_start_seconds(warm), 1))
     before = held_out_row(held_out(recipe, warm, seed=seed))
     log.add(BEFORE, iteration=0, **before)
-    algo = train_config(recipe, warm, seed=seed, estimator=estimator).build_algo()
+    algo = train_config(recipe, warm, seed=seed, estimator=estimator, games=games).build_algo()
     checkpoint = work / f"{env}_{estimator}_seed{seed}_checkpoint"
     budget_s, done, last_s = args.minutes * 60.0, 0, 0.0
     try:
@@ -320,6 +323,16 @@ def _held_out_tasks(recipe) -> str:
     return f"{which} of types {', '.join(types)}" if types else which
 
 
+def _train_games(recipe) -> str:
+    """What RL plays where it is not the warm start's games, in words."""
+    if not recipe.generated_train_games:
+        return ""
+    return (
+        f", on {recipe.generated_train_games} games per task type generated from the train scenes "
+        "(`envs.alfworld.generate.more_train_games`; the warm start's games are among them)"
+    )
+
+
 def render(out: Path) -> str:
     """The results page from every CSV in ``out`` (and a PNG per env)."""
     from gagpo_rllib.tools.real_model import RECIPES
@@ -343,7 +356,8 @@ def render(out: Path) -> str:
             f"Held-out: the {recipe.held_out_split} split, {_held_out_tasks(recipe)} "
             f"({recipe.eval_episodes_per_task} episodes per task at temperature {recipe.eval_temperature}, "
             f"at most {recipe.max_steps} steps). Training: {recipe.groups_per_iteration} group(s) x "
-            f"{recipe.group_size} rollouts per iteration at temperature {recipe.temperature}, lr {recipe.lr}.",
+            f"{recipe.group_size} rollouts per iteration at temperature {recipe.temperature}, lr {recipe.lr}"
+            f"{_train_games(recipe)}.",
             "",
         ]
         score = env == "webshop"

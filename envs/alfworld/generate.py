@@ -35,10 +35,16 @@ __all__ = [
     "solve",
     "split_scenes",
     "generate_split",
+    "more_train_games",
     "main",
 ]
 
 log = logging.getLogger(__name__)
+
+# How the bundled games (``envs/alfworld/data``) were generated: the seed and the scene size limit fix which scenes
+# are train scenes and which are held out.
+BUNDLED_SEED = 0
+BUNDLED_MAX_RECEPTACLES = 20
 
 LAMPS = ("DeskLamp", "FloorLamp")
 LAMP_SURFACES = ("Desk", "SideTable", "Dresser", "CoffeeTable", "DiningTable", "TVStand", "Shelf")
@@ -345,19 +351,30 @@ def generate_split(
     return counts
 
 
+def more_train_games(
+    out_dir: Path, per_type: int, task_types: Iterable[str] = TASK_TYPES, time_limit: float = 20.0
+) -> dict[str, int]:
+    """``per_type`` train games of each task type into ``out_dir/train``, from the bundled games' train scenes and
+    seed: a superset of the bundled train games of those types, and never a scene of the bundled ``valid_unseen``."""
+    scenes = split_scenes(BUNDLED_SEED, BUNDLED_MAX_RECEPTACLES)["train"]
+    return generate_split(Path(out_dir) / "train", scenes, per_type, BUNDLED_SEED, task_types, time_limit)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True, help="root folder; splits are written under it")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=BUNDLED_SEED)
     parser.add_argument("--train-per-type", type=int, default=22)
     parser.add_argument("--eval-per-type", type=int, default=7)
     parser.add_argument(
         "--splits", nargs="+", default=["train", "valid_unseen"], choices=["train", "valid_unseen"]
     )
     parser.add_argument("--task-types", nargs="+", default=list(TASK_TYPES), choices=list(TASK_TYPES))
-    parser.add_argument("--max-receptacles", type=int, default=20, help="keep scenes at most this large")
+    parser.add_argument(
+        "--max-receptacles", type=int, default=BUNDLED_MAX_RECEPTACLES, help="keep scenes at most this large"
+    )
     parser.add_argument("--time-limit", type=float, default=20.0, help="planner seconds per game")
     parser.add_argument("--overwrite", action="store_true", help="remove existing split folders first")
     args = parser.parse_args(argv)

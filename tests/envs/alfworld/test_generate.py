@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from envs.alfworld.env import AlfworldEnv
-from envs.alfworld.generate import LAMP_SURFACES, generate_split, sample_game, split_scenes
+from envs.alfworld.games import BUNDLED_DATA
+from envs.alfworld.generate import LAMP_SURFACES, generate_split, more_train_games, sample_game, split_scenes
 from envs.alfworld.scenes import load_scene
 from envs.alfworld.tasks import TASK_TYPES
 
@@ -72,3 +73,18 @@ def test_generated_games_replay_and_are_reproducible(tmp_path):
             *_, terminated, _, info = env.step(command)
         assert terminated and info["won"]
         assert info["task_type"] in TASK_TYPES
+
+
+def test_more_train_games_continue_the_bundled_ones_on_train_scenes_only(tmp_path):
+    """The bundled games were written by the same seed and scene split: more games of a type start with them
+    (same folders, same files), and no game is set in a scene whose games are held out."""
+    task_type = "pick_and_place_simple"
+    assert more_train_games(tmp_path, 3, [task_type]) == {task_type: 3}
+    made = sorted(p.relative_to(tmp_path) for p in tmp_path.glob(f"train/{task_type}-*/trial_*"))
+    bundled = {p.relative_to(BUNDLED_DATA) for p in BUNDLED_DATA.glob(f"train/{task_type}-*/trial_*")}
+    assert len(made) == 3 and set(made) <= bundled
+    for trial in made:
+        for name in ("game.tw-pddl", "traj_data.json"):
+            assert (tmp_path / trial / name).read_text() == (BUNDLED_DATA / trial / name).read_text()
+    held_out = {int(p.name.rsplit("-", 1)[1]) for p in (BUNDLED_DATA / "valid_unseen").iterdir()}
+    assert not {int(t.parent.name.rsplit("-", 1)[1]) for t in made} & held_out
