@@ -13,7 +13,15 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from gagpo_rllib.rllib.rllib_internals import local_learner
-from gagpo_rllib.tools.real_model import ALFWORLD, RECIPES, WEBSHOP, train_config, warm_start
+from gagpo_rllib.tools.real_model import (
+    ALFWORLD,
+    RECIPES,
+    WEBSHOP,
+    WarmStartStage,
+    train_config,
+    train_games,
+    warm_start,
+)
 
 
 def _weights(algo) -> dict[str, torch.Tensor]:
@@ -42,6 +50,31 @@ def test_recipes_train_where_they_evaluate_and_warm_start_in_the_rollout_format(
         assert config.history_length == recipe.history_length == recipe.warm_start.history_length
         assert config.num_env_runners == 1 and config.seed == 3
     assert train_config(ALFWORLD, "/m", estimator="grpo").estimator == "grpo"
+
+
+def test_alfworld_rl_plays_generated_games_and_evaluates_on_the_bundled_held_out_split(
+    tmp_path: Path,
+) -> None:
+    """RL's games are generated once (a folder without its record is built again); held-out stays the bundled
+    valid_unseen split, and WebShop plays its own train split."""
+    recipe = replace(
+        ALFWORLD,
+        generated_train_games=1,
+        train_env_config={"split": "train", "task_types": ["look_at_obj_in_light"]},
+    )
+    games = train_games(recipe, tmp_path)
+    assert games == WarmStartStage(recipe, tmp_path).games_dir
+    assert json.loads((games / "games.json").read_text())["games"] == {"look_at_obj_in_light": 1}
+    (trial,) = games.glob("train/*/trial_*/game.tw-pddl")
+    stamp = trial.stat().st_mtime_ns
+    assert train_games(recipe, tmp_path) == games and trial.stat().st_mtime_ns == stamp
+    (games / "games.json").unlink()
+    assert train_games(recipe, tmp_path) == games and (games / "games.json").is_file()
+
+    config = train_config(recipe, "/m", games=games)
+    assert config.env_config["data_dir"] == str(games) and config.env_config["split"] == "train"
+    assert "data_dir" not in recipe.held_out_env_config and "data_dir" not in recipe.train_env_config
+    assert ALFWORLD.generated_train_games > 0 and train_games(WEBSHOP, tmp_path) is None
 
 
 @pytest.mark.usefixtures("ray_local")
