@@ -355,7 +355,8 @@ def more_train_games(
     out_dir: Path, per_type: int, task_types: Iterable[str] = TASK_TYPES, time_limit: float = 20.0
 ) -> dict[str, int]:
     """``per_type`` train games of each task type into ``out_dir/train``, from the bundled games' train scenes and
-    seed: a superset of the bundled train games of those types, and never a scene of the bundled ``valid_unseen``."""
+    seed: a type's first games are its bundled ones (the seed draws them in the same order), and no game is set in
+    a scene of the bundled ``valid_unseen``."""
     scenes = split_scenes(BUNDLED_SEED, BUNDLED_MAX_RECEPTACLES)["train"]
     return generate_split(Path(out_dir) / "train", scenes, per_type, BUNDLED_SEED, task_types, time_limit)
 
