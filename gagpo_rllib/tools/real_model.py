@@ -216,8 +216,16 @@ def warm_start(recipe: Recipe, base: str | Path, out_dir: str | Path, *, seed: i
 
 def train_games_dir(recipe: Recipe, cache_dir: str | Path) -> Path | None:
     """Where ``train_games`` keeps the recipe's generated RL games under ``cache_dir`` (None: none generated)."""
+    if recipe.generated_train_games < 0:
+        raise ValueError(
+            f"recipe {recipe.name!r}: generated_train_games must be >= 0, got {recipe.generated_train_games}"
+        )
     if not recipe.generated_train_games:
         return None
+    if not recipe.env.endswith(":AlfworldEnv"):
+        raise ValueError(
+            f"recipe {recipe.name!r}: generated_train_games generates ALFWorld games; env is {recipe.env!r}"
+        )
     types = sorted(recipe.train_env_config.get("task_types") or ())
     if not types:
         raise ValueError(

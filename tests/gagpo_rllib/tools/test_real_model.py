@@ -76,6 +76,14 @@ def test_alfworld_rl_plays_generated_games_and_evaluates_on_the_bundled_held_out
     assert "data_dir" not in recipe.held_out_env_config and "data_dir" not in recipe.train_env_config
     assert ALFWORLD.generated_train_games > 0 and train_games(WEBSHOP, tmp_path) is None
 
+    for bad, field in (
+        (replace(recipe, generated_train_games=-1), "must be >= 0"),
+        (replace(recipe, train_env_config={"split": "train"}), "task_types"),
+        (replace(WEBSHOP, generated_train_games=2), "generates ALFWorld games"),
+    ):
+        with pytest.raises(ValueError, match=f"generated_train_games.*{field}"):
+            train_games(bad, tmp_path)
+
 
 @pytest.mark.usefixtures("ray_local")
 def test_two_iterations_of_the_recipe_take_a_step_on_the_real_model(smollm2: Path, tmp_path: Path) -> None:
