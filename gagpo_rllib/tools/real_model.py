@@ -222,7 +222,7 @@ def train_games_dir(recipe: Recipe, cache_dir: str | Path) -> Path | None:
         )
     if not recipe.generated_train_games:
         return None
-    if not recipe.env.endswith(":AlfworldEnv"):
+    if resolve_env(recipe.env).__name__ != "AlfworldEnv":
         raise ValueError(
             f"recipe {recipe.name!r}: generated_train_games generates ALFWorld games; env is {recipe.env!r}"
         )

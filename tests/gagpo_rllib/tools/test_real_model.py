@@ -20,6 +20,7 @@ from gagpo_rllib.tools.real_model import (
     WarmStartStage,
     train_config,
     train_games,
+    train_games_dir,
     warm_start,
 )
 
@@ -75,6 +76,7 @@ def test_alfworld_rl_plays_generated_games_and_evaluates_on_the_bundled_held_out
     assert config.env_config["data_dir"] == str(games) and config.env_config["split"] == "train"
     assert "data_dir" not in recipe.held_out_env_config and "data_dir" not in recipe.train_env_config
     assert ALFWORLD.generated_train_games > 0 and train_games(WEBSHOP, tmp_path) is None
+    assert train_games_dir(replace(recipe, env="alfworld"), tmp_path) == games  # the command line's alias
 
     for bad, field in (
         (replace(recipe, generated_train_games=-1), "must be >= 0"),
