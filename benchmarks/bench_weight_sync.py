@@ -15,6 +15,10 @@ the sender's cast, bit for bit, for every path.
 - ``buckets, 1 thread`` / ``buckets, N threads``: ``gagpo_rllib.rllib.weight_sync.publish_tensors`` (flat
   ``uint8`` buckets, out-of-band, put overlapped with the next bucket's fill) read through ``PackedWeights``; the
   path the runs use, with the machine's threads.
+- ``broadcast (gloo)``: ``weight_transport="broadcast"`` on CPU: the sender packs each bucket (``weight_buckets``)
+  and broadcasts it over a gloo process group (``gagpo_rllib.policy.weight_transport``); the receiver copies each
+  bucket's tensors in as it arrives. On GPUs the same code runs over NCCL, device to device; here it measures
+  whether the channel could also serve as a host path.
 
 ``python benchmarks/bench_weight_sync.py`` (``--repeats``, ``--model 0.5b|cpu|1.5b``, ``--dtype``). Needs ~8 GiB of
 memory at 0.5B.
@@ -36,7 +40,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_learner import SHAPES, VOCAB  # noqa: E402
 
-from gagpo_rllib.rllib.weight_sync import SYNC_THREADS, PackedWeights, publish_tensors  # noqa: E402
+from gagpo_rllib.policy.weight_buckets import plan_buckets  # noqa: E402
+from gagpo_rllib.policy.weight_transport import (  # noqa: E402
+    BroadcastWeights,
+    join_channel,
+    open_channel,
+    send_buckets,
+)
+from gagpo_rllib.rllib.weight_sync import (  # noqa: E402
+    BUCKET_BYTES,
+    SYNC_THREADS,
+    PackedWeights,
+    publish_tensors,
+)
 
 GIB = 1 << 30
 # Parameter counts of the paper's models (Qwen2.5 model cards), for the modelled table.
@@ -95,6 +111,19 @@ class Sender:
         packed = publish_tensors(self.state, dtype, threads=threads)
         return packed, time.perf_counter() - start
 
+    def open_broadcast(self, dtype: torch.dtype) -> tuple:
+        info = open_channel("bench", 2, "gloo", address="127.0.0.1")
+        return info, plan_buckets(self.state, dtype, BUCKET_BYTES)
+
+    def join(self, info) -> None:
+        join_channel(info, 0)
+
+    def broadcast(self, buckets) -> float:
+        torch.set_num_threads(1)
+        start = time.perf_counter()
+        send_buckets("bench", buckets, dict(self.state))
+        return time.perf_counter() - start
+
 
 @ray.remote
 class Receiver:
@@ -109,6 +138,16 @@ class Receiver:
             weights = ray.get(weights[0])
         with torch.no_grad():
             for name, t in weights.items():
+                self.weights[name].copy_(t)
+        return time.perf_counter() - start
+
+    def join(self, info) -> None:
+        join_channel(info, 1)
+
+    def receive(self, buckets) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            for name, t in BroadcastWeights("bench", buckets).items():
                 self.weights[name].copy_(t)
         return time.perf_counter() - start
 
@@ -135,11 +174,34 @@ def measure(
         if i:
             publish.append(seconds)
             load.append(loaded)
+    return _row(label, sender, receiver, nbytes, publish, load, expected)
+
+
+def _row(label, sender, receiver, nbytes, publish, load, expected) -> dict:
     exact = ray.get(receiver.fingerprint.remote()) == expected
     ray.kill(sender)
     ray.kill(receiver)
     p, q = statistics.median(publish), statistics.median(load)
     return dict(path=label, publish_s=p, load_s=q, total_s=p + q, gib_s=nbytes / GIB / (p + q), exact=exact)
+
+
+def measure_broadcast(args, shapes: list, dtype: torch.dtype, expected: list[int]) -> dict:
+    """The gloo broadcast: publish is the sender's packing and sending, load what the receiver's copy-in adds
+    after the last bucket arrived (both run at once; the sync's seconds are the receiver's)."""
+    sender = Sender.remote(shapes, args.seed)
+    receiver = Receiver.remote(shapes, dtype)
+    nbytes = ray.get(sender.nbytes.remote(dtype))
+    info, buckets = ray.get(sender.open_broadcast.remote(dtype))
+    ray.get([receiver.join.remote(info), sender.join.remote(info)])
+    publish, load = [], []
+    for i in range(args.repeats + 1):
+        receiving = receiver.receive.remote(buckets)
+        sent = ray.get(sender.broadcast.remote(buckets))
+        received = ray.get(receiving)
+        if i:
+            publish.append(sent)
+            load.append(max(0.0, received - sent))
+    return _row("broadcast (gloo)", sender, receiver, nbytes, publish, load, expected)
 
 
 def main() -> None:
@@ -172,6 +234,7 @@ def main() -> None:
                 f"buckets, {threads} threads (the runs' path)", {}, args, shapes, dtype, threads, expected
             ),
         ]
+        rows.insert(len(rows) - 1, measure_broadcast(args, shapes, dtype, expected))
     finally:
         ray.shutdown()
     base = rows[0]["total_s"]

@@ -56,6 +56,7 @@ from gagpo_rllib.rllib.placement import placement_shortfall
 from gagpo_rllib.rllib.rollout_pipeline import RolloutPipeline
 from gagpo_rllib.rllib.weight_sync import (
     SyncReport,
+    close_broadcast,
     prepare_sync,
     route_learner_syncs,
     sync_env_runners,
@@ -240,6 +241,10 @@ class GAGPO(Algorithm):
         if getattr(self, "background_validation", None) is not None:
             self.background_validation.close()
             self.background_validation = None
+        learner_group = getattr(self, "learner_group", None)
+        for group in (getattr(self, "env_runner_group", None), getattr(self, "eval_env_runner_group", None)):
+            if group is not None and learner_group is not None:
+                close_broadcast(group, learner_group)
         super().stop()
 
     def take_rollout(self, iteration: int) -> tuple[GroupSample, DynamicSample | None, float, int]:
@@ -351,11 +356,17 @@ class GAGPO(Algorithm):
             self.metrics.log_value(("gagpo", name), value, window=1)
 
     def log_weight_sync(self, synced: SyncReport) -> None:
-        """One copy of the inference-only weights per sync, fetched by every runner (``weight_sync``)."""
+        """One copy of the inference-only weights per sync, fetched by every runner or broadcast to them
+        (``weight_sync``); ``weight_sync_fallbacks`` counts broadcasts that failed over to the object store."""
         self.metrics.log_value(("gagpo", "weight_sync_bytes"), float(synced.nbytes), window=1)
         self.metrics.log_value(("gagpo", "weight_sync_tensors"), float(synced.num_tensors), window=1)
         self.metrics.log_value(("gagpo", "weight_sync_runners"), float(synced.runners), window=1)
         self.metrics.log_value(("gagpo", "weight_sync_s"), synced.seconds, window=1)
+        broadcast = float(synced.transport == "broadcast")
+        self.metrics.log_value(("gagpo", "weight_sync_broadcast"), broadcast, window=1)
+        self.metrics.log_value(
+            ("gagpo", "weight_sync_fallbacks"), float(synced.fallback), reduce="sum", clear_on_reduce=False
+        )
 
     def engine_census(self) -> dict[str, Any]:
         """vLLM engines started so far: by the training runners, the evaluation runners and the Algorithm's own

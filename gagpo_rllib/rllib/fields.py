@@ -26,6 +26,7 @@ __all__ = [
     "RLLIB_SETTERS",
     "SETTERS",
     "SHARDINGS",
+    "WEIGHT_TRANSPORTS",
     "Field",
     "option_table",
 ]
@@ -37,6 +38,9 @@ SHARDINGS = ("ddp", "fsdp")
 # the command line reads this table without importing torch.
 DTYPES = ("float32", "bfloat16", "float16")
 LORA_SYNCS = ("adapter", "merged")
+# How weights reach the engines (gagpo_rllib.rllib.weight_sync): "auto" broadcasts between whole-GPU learners and
+# engines, else the object store.
+WEIGHT_TRANSPORTS = ("auto", "object_store", "broadcast")
 
 
 def _int(v: Any) -> bool:
@@ -168,7 +172,12 @@ FIELDS: tuple[Field, ...] = (
         ("sleep_engines_during_update", False, "bool", "vLLM engines sleep while the learner updates"),
         ("torch_threads", None, "None|int>=1", "torch threads per actor; None: its Ray CPUs"),
     ),
-    *_fields("learners", ("learner_sharding", "ddp", "choice", "whole model per learner, or FSDP2", SHARDINGS)),
+    *_fields(
+        "learners",
+        ("learner_sharding", "ddp", "choice", "whole model per learner, or FSDP2", SHARDINGS),
+        ("weight_transport", "auto", "choice", "learner 0 to the engines: broadcast (NCCL/gloo) or object store",
+         WEIGHT_TRANSPORTS),
+    ),
     *_fields(
         "fault_tolerance",  # grouped sampling
         ("max_group_attempts", 3, "int>=1", "rounds that replay lost members before dropping a group"),

@@ -15,20 +15,30 @@ no pickling of tensor bytes) while the next bucket is filled; a runner maps each
 weights' finiteness is checked where they live before anything is published. ``benchmarks/bench_weight_sync.py``
 measures this path beside the former one (a dict of tensors pickled into the object store).
 
-The GPU paths that would go further, not built here: an NCCL broadcast from learner 0's GPU to the engines'
-workers (vLLM's weight-transfer API) and CUDA IPC handles for an engine on the learner's own GPU; both are
-CUDA-only and cannot run on this machine.
+The broadcast path (``weight_transport="broadcast"``; ``"auto"`` picks it when the learners and the engines each
+have whole GPUs of their own): learner 0 and the remote runners form a process group (``policy.weight_transport``:
+NCCL between GPUs, gloo on CPUs), learner 0 casts each bucket where the weights live and broadcasts it, and every
+runner hands the bucket's tensors to its engine as they arrive, with no host copy on a GPU. The group is opened on
+the first sync and again when the set of healthy runners changes; a sync that fails on it is logged, counted
+(``SyncReport.fallback``) and done through the object store, and after ``BROADCAST_MAX_FAILURES`` failures in a
+row the group's runners stay on the object store. Syncs to chosen runners (restored ones) and the deferred syncs
+of ``max_staleness`` >= 1 (``prepare_sync``) always take the object store. Not built: CUDA IPC handles for an
+engine on the learner's own GPU (the colocated layout), which takes the object store.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +56,14 @@ from gagpo_rllib.policy.weight_buckets import (
     plan_buckets,
     unpack,
 )
+from gagpo_rllib.policy.weight_transport import (
+    BroadcastWeights,
+    ChannelInfo,
+    close_channel,
+    join_channel,
+    open_channel,
+    send_buckets,
+)
 from gagpo_rllib.rllib.rllib_internals import (
     learner_weights_seq_no,
     local_learner,
@@ -55,7 +73,9 @@ from gagpo_rllib.rllib.rllib_internals import (
 )
 
 __all__ = [
+    "BROADCAST_MAX_FAILURES",
     "ROLLOUT_WEIGHTS_DIR",
+    "close_broadcast",
     "PackedWeights",
     "PublishedWeights",
     "prepare_sync",
@@ -66,6 +86,7 @@ __all__ = [
     "state_nbytes",
     "sync_env_runners",
     "sync_local_runner",
+    "transport_of",
     "write_rollout_weights",
 ]
 
@@ -131,12 +152,15 @@ class PublishedWeights:
 
 @dataclass
 class SyncReport:
-    """What one sync moved: the bytes of one copy of the weights, the runners that took it, the seconds."""
+    """What one sync moved: the bytes of one copy of the weights, the runners that took it, the seconds, and how
+    (``transport``: "object_store" or "broadcast"; ``fallback``: a broadcast failed and the object store served)."""
 
     nbytes: int
     num_tensors: int
     runners: int
     seconds: float
+    transport: str = "object_store"
+    fallback: bool = False
 
 
 def state_nbytes(state: Any) -> tuple[int, int]:
@@ -265,16 +289,265 @@ def sync_env_runners(
     force: bool = False,
     timeout_seconds: float | None = None,
 ) -> SyncReport:
-    """Send the learners' current weights to every healthy remote runner of ``group`` (one object-store copy) and
-    to its local runner when that one samples (no remote runners, or it has an env); the local runner of a run
-    with remote runners takes the sequence number only.
+    """Send the learners' current weights to every healthy remote runner of ``group`` (one object-store copy, or
+    one broadcast: ``weight_transport``) and to its local runner when that one samples (no remote runners, or it
+    has an env); the local runner of a run with remote runners takes the sequence number only.
 
     ``worker_ids``: only these remote runners (not the local one). ``force``: load the weights even where the
     runner's sequence number says it has them (a restored runner, given the local runner's number by RLlib).
     """
-    return prepare_sync(
+    fallback = False
+    if worker_ids is None and not force and _broadcasts(group, learner_group):
+        try:
+            return _broadcast_sync(group, learner_group)
+        except Exception as err:  # noqa: BLE001 - any failure of the channel: the object store serves this sync
+            fallback = True
+            _broadcast_failed(group, learner_group, err)
+    report = prepare_sync(
         group, learner_group, worker_ids=worker_ids, force=force, timeout_seconds=timeout_seconds
     )()
+    report.fallback = fallback
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- broadcast
+# A group whose broadcast failed this many times in a row takes the object store for the rest of the run.
+BROADCAST_MAX_FAILURES = 3
+# Seconds a member waits for the others in one collective before it fails.
+BROADCAST_TIMEOUT_S = 300.0
+_TAG = "gagpo_weight_broadcast"
+_NAMES = itertools.count()
+
+
+@dataclass
+class _Broadcast:
+    """A runner group's channel: who is in it (rank i + 1 is ``runner_ids[i]``), and its failures in a row."""
+
+    info: ChannelInfo | None = None
+    runner_ids: tuple[int, ...] = ()
+    failures: int = 0
+
+
+_BROADCASTS: weakref.WeakKeyDictionary[Any, _Broadcast] = weakref.WeakKeyDictionary()
+
+
+def transport_of(config: Any) -> str:
+    """What ``config.weight_transport`` means for this run: "broadcast" or "object_store" ("auto": broadcast when
+    learners and engines each have whole GPUs, i.e. sit on different GPUs)."""
+    choice = getattr(config, "weight_transport", "object_store")
+    if choice != "auto":
+        return choice
+    learner_gpus = float(config.num_gpus_per_learner or 0)
+    runner_gpus = float(config.num_gpus_per_env_runner or 0)
+    return "broadcast" if learner_gpus >= 1 and runner_gpus >= 1 else "object_store"
+
+
+def _broadcasts(group: Any, learner_group: Any) -> bool:
+    """Whether this sync of the whole ``group`` goes by broadcast: chosen, remote runners to reach, no local runner
+    that samples (it takes the object store's copy), and the group's channel not given up."""
+    if transport_of(learner_group.config) != "broadcast" or group.num_remote_env_runners() == 0:
+        return False
+    local = group.local_env_runner
+    if local is not None and local.has_env():
+        return False
+    state = _BROADCASTS.get(group)
+    return state is None or state.failures < BROADCAST_MAX_FAILURES
+
+
+def _on_learner_0(learner_group: Any, fn: Callable[[Any], Any], *, every: bool = False) -> Any:
+    """``fn(learner)`` on learner 0 (``every``, FSDP: on all learners at once, the largest result: learner 0 sends
+    the bytes, the others 0)."""
+    if learner_group.is_local:
+        return fn(local_learner(learner_group))
+    if every and learner_group.config.shards_learners:
+        return max(on_every_learner(learner_group, fn))
+    return on_first_learner(learner_group, fn)
+
+
+def _open_sender(learner: Any, *, name: str, world_size: int) -> ChannelInfo:
+    """On learner 0: host the channel (NCCL where the weights are on a GPU, else gloo)."""
+    import ray.util
+
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    return open_channel(
+        name,
+        world_size,
+        "nccl" if next(module.parameters()).is_cuda else "gloo",
+        address=ray.util.get_node_ip_address(),
+        timeout_s=BROADCAST_TIMEOUT_S,
+    )
+
+
+def _plan(learner: Any) -> tuple[int, list[list[Slot]]]:
+    """On learner 0: its weights' sequence number and the buckets this sync lays them out in; weights that are not
+    finite raise here, before any runner waits for them (FSDP learners check theirs together in ``_send``)."""
+    if not learner.sharded:
+        learner.check_weights_finite()
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    buckets = plan_buckets(module.inference_tensors(shards=True), module.dtype, BUCKET_BYTES)
+    return learner_weights_seq_no(learner), buckets
+
+
+def _send(learner: Any, *, name: str, buckets: list[list[Slot]]) -> int:
+    """On the learners: learner 0 broadcasts its inference weights bucket by bucket (FSDP: the learners check their
+    shards finite together, then every learner gathers each bucket's tensors and learner 0 sends)."""
+    from gagpo_rllib.policy.distributed import agree_max, world
+    from gagpo_rllib.policy.fsdp import full_tensor
+
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    if learner.sharded:
+        bad = module.nonfinite_weights()
+        if agree_max(float(len(bad)), next(module.parameters()).device) > 0:
+            raise RuntimeError(
+                f"GAGPO learner: weights {bad[:5]} (this learner's shards) are not finite, or another learner's "
+                "are; not handing them out"
+            )
+        first = world()[1] == 0
+        tensors = dict(module.inference_tensors(shards=True))
+        return send_buckets(name, buckets, tensors, whole=full_tensor, keep=first)
+    return send_buckets(name, buckets, dict(module.inference_tensors()))
+
+
+def _receive(runner: Any, *, name: str, buckets: list[list[Slot]], seq_no: int) -> int | str:
+    """On a runner: load the broadcast into its module (its engine reads the buckets as they arrive) under
+    ``seq_no``; every bucket is received even where loading stops early, so the collective completes. Returns the
+    bytes received, or what went wrong as a string: an exception would make RLlib take the runner out of service,
+    while the sync only falls back to the object store."""
+    try:
+        weights = BroadcastWeights(name, buckets)
+        try:
+            runner.set_state({COMPONENT_RL_MODULE: {DEFAULT_MODULE_ID: weights}, WEIGHTS_SEQ_NO: seq_no})
+        finally:
+            weights.drain()
+    except Exception as err:  # noqa: BLE001 - reported to the driver, which falls back
+        return f"{type(err).__name__}: {err}"
+    return weights.nbytes
+
+
+def _join(member: Any, *, info: ChannelInfo, rank: int) -> bool | str:
+    """Join the channel as ``rank``; True, or what went wrong as a string (see ``_receive``)."""
+    try:
+        join_channel(info, rank)
+    except Exception as err:  # noqa: BLE001
+        return f"{type(err).__name__}: {err}"
+    return True
+
+
+def _leave(member: Any, *, name: str) -> bool:
+    close_channel(name)
+    return True
+
+
+def _on_runners(group: Any, fns: list[Callable[[Any], Any]], ids: tuple[int, ...]) -> None:
+    """Start ``fns[i]`` on runner ``ids[i]`` without waiting (``_collect`` waits)."""
+    started = group.foreach_env_runner_async(fns, tag=_TAG, remote_worker_ids=list(ids))
+    if started != len(ids):
+        raise RuntimeError(f"weight broadcast: {started} of {len(ids)} runners took the call")
+
+
+def _collect(group: Any, ids: tuple[int, ...]) -> list[Any]:
+    """The runners' replies to the calls ``_on_runners`` started; raises if one is missing or reports an error."""
+    replies = group.fetch_ready_async_reqs(tags=_TAG, timeout_seconds=BROADCAST_TIMEOUT_S)
+    errors = {i: value for i, value in replies if isinstance(value, str)}
+    if errors:
+        raise RuntimeError(f"weight broadcast: runners failed: {errors}")
+    if sorted(i for i, _ in replies) != sorted(ids):
+        raise RuntimeError(
+            f"weight broadcast: runners {sorted(ids)} were asked, {sorted(i for i, _ in replies)} answered"
+        )
+    return [value for _, value in replies]
+
+
+def _open(group: Any, learner_group: Any, ids: tuple[int, ...], state: _Broadcast) -> None:
+    """Open the group's channel for runners ``ids``: learner 0 hosts it, then all join at once."""
+    name = f"{os.getpid()}-{next(_NAMES)}"
+    info = _on_learner_0(learner_group, partial(_open_sender, name=name, world_size=len(ids) + 1))
+    _on_runners(group, [partial(_join, info=info, rank=rank) for rank in range(1, len(ids) + 1)], ids)
+    try:
+        joined = _on_learner_0(learner_group, partial(_join, info=info, rank=0))
+    finally:
+        _collect(group, ids)
+    if joined is not True:
+        raise RuntimeError(f"weight broadcast: learner 0 could not join: {joined}")
+    state.info, state.runner_ids = info, ids
+
+
+def _close(group: Any, learner_group: Any, state: _Broadcast) -> None:
+    """Leave the group's channel everywhere it is open (best effort: members that are gone have left)."""
+    if state.info is None:
+        return
+    name, ids = state.info.name, state.runner_ids
+    state.info, state.runner_ids = None, ()
+    with _suppressed("closing the weight channel on learner 0"):
+        _on_learner_0(learner_group, partial(_leave, name=name))
+    healthy = [i for i in ids if i in set(group.healthy_env_runner_ids())]
+    if healthy:
+        with _suppressed("closing the weight channel on the runners"):
+            group.foreach_env_runner(
+                partial(_leave, name=name),
+                local_env_runner=False,
+                remote_worker_ids=healthy,
+                timeout_seconds=30,
+            )
+
+
+@contextlib.contextmanager
+def _suppressed(what: str) -> Iterator[None]:
+    """Log and swallow an exception (cleanup that must not hide the error being handled)."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001
+        logger.warning("weight broadcast: %s failed: %s", what, err)
+
+
+def _broadcast_sync(group: Any, learner_group: Any) -> SyncReport:
+    """One sync of every healthy remote runner of ``group`` over the group's channel (opened on first use and
+    whenever the healthy runners change): the runners start receiving, learner 0 sends, all finish together."""
+    start = time.perf_counter()
+    state = _BROADCASTS.setdefault(group, _Broadcast())
+    with _suppressed("collecting the replies of an earlier failed broadcast"):
+        group.fetch_ready_async_reqs(tags=_TAG, timeout_seconds=0)
+    ids = tuple(sorted(group.healthy_env_runner_ids()))
+    if not ids:
+        raise RuntimeError("weight broadcast: no healthy remote runner")
+    if state.info is None or state.runner_ids != ids:
+        _close(group, learner_group, state)
+        _open(group, learner_group, ids, state)
+    seq_no, buckets = _on_learner_0(learner_group, _plan)
+    name = state.info.name
+    _on_runners(group, [partial(_receive, name=name, buckets=buckets, seq_no=seq_no)] * len(ids), ids)
+    try:
+        sent = _on_learner_0(learner_group, partial(_send, name=name, buckets=buckets), every=True)
+    finally:
+        received = _collect(group, ids)
+    if any(r != sent for r in received):
+        raise RuntimeError(f"weight broadcast: {sent} bytes sent, runners received {received}")
+    local = group.local_env_runner
+    if local is not None:
+        local.set_weights_seq_no(seq_no)  # the reference the remote runners are checked against
+    state.failures = 0
+    tensors = sum(len(slots) for slots in buckets)
+    return SyncReport(sent, tensors, len(ids), time.perf_counter() - start, transport="broadcast")
+
+
+def close_broadcast(group: Any, learner_group: Any) -> None:
+    """Close ``group``'s broadcast channel, if it has one (the Algorithm's ``stop``)."""
+    state = _BROADCASTS.pop(group, None)
+    if state is not None:
+        _close(group, learner_group, state)
+
+
+def _broadcast_failed(group: Any, learner_group: Any, err: BaseException) -> None:
+    """Count a failed broadcast, close the channel (the next sync opens a new one) and say what happened."""
+    state = _BROADCASTS.setdefault(group, _Broadcast())
+    state.failures += 1
+    _close(group, learner_group, state)
+    logger.warning(
+        "weight broadcast failed (%d in a row%s): %s; this sync goes through the object store",
+        state.failures,
+        ", the object store serves from now on" if state.failures >= BROADCAST_MAX_FAILURES else "",
+        err,
+    )
 
 
 def prepare_sync(

@@ -59,6 +59,7 @@ def _valid() -> GAGPOConfig:
         ("max_staleness", -1),
         ("max_staleness", 1.0),
         ("behaviour_weight_cap", 0.5),
+        ("weight_transport", "nccl"),
     ],
 )
 def test_bad_values_name_the_field(field: str, value) -> None:
@@ -79,6 +80,20 @@ def test_staleness_needs_the_proximal_log_probs_and_engines_that_stay_awake() ->
         _valid().training(max_staleness=2, behaviour_weight_cap=3).grouped_advantages().behaviour_weight_cap
         == 3
     )
+
+
+def test_the_weight_transport_auto_picks_the_broadcast_between_separate_gpus_only() -> None:
+    from gagpo_rllib.rllib.weight_sync import transport_of
+
+    assert transport_of(_valid()) == "object_store"  # CPUs
+    separate = (
+        _valid().learners(num_gpus_per_learner=1).env_runners(num_env_runners=1, num_gpus_per_env_runner=1)
+    )
+    assert transport_of(separate) == "broadcast"
+    colocated = _valid().learners(num_gpus_per_learner=0.51).env_runners(num_gpus_per_env_runner=0.392)
+    assert transport_of(colocated) == "object_store"  # CUDA IPC would serve here; not built
+    assert transport_of(separate.learners(weight_transport="object_store")) == "object_store"
+    assert transport_of(_valid().learners(weight_transport="broadcast")) == "broadcast"
 
 
 def test_gigpo_needs_a_centring_norm() -> None:

@@ -162,13 +162,30 @@ def _record_engine_loads(runner) -> None:
             dict(runners=1, gagpo={"backend": "vllm", "max_prompt_tokens": 600}),
             marks=pytest.mark.vllm_engine,
         ),
+        # The broadcast channel (gloo on CPU, the code NCCL runs on GPUs): a remote and a local learner 0.
+        ("hf, 2 runners, broadcast", dict(runners=2, learners=1, gagpo={}, transport="broadcast")),
+        ("hf, local learner, broadcast", dict(runners=1, gagpo={}, transport="broadcast")),
+        (
+            "hf, 2 FSDP learners, broadcast",
+            dict(runners=1, learners=2, gagpo={"learner_sharding": "fsdp"}, transport="broadcast"),
+        ),
+        pytest.param(
+            "vllm, 2 runners, broadcast",
+            dict(
+                runners=2,
+                gagpo={"backend": "vllm", "max_prompt_tokens": 600},
+                transport="broadcast",
+            ),
+            marks=pytest.mark.vllm_engine,
+        ),
     ],
 )
 def test_what_the_runners_load_is_the_learners_weights_in_the_rollout_dtype_bit_for_bit(
     ray_cluster, tiny_maze_config, case: str, setup: dict, request
 ) -> None:
     """After an update, every runner holds (HF) or is handed (the real vLLM CPU engine) exactly the learner's
-    inference weights cast to bfloat16, through several buckets."""
+    inference weights cast to bfloat16, through several buckets, by the object store or the broadcast channel;
+    the iteration reports which, and that no broadcast fell back."""
     from gagpo_rllib.rllib import weight_sync
     from gagpo_rllib.rllib.rllib_internals import on_first_learner
 
@@ -179,6 +196,8 @@ def test_what_the_runners_load_is_the_learners_weights_in_the_rollout_dtype_bit_
     )
     if setup.get("learners"):
         config = config.learners(num_learners=setup["learners"])
+    transport = setup.get("transport", "object_store")
+    config = config.learners(weight_transport=transport)
     algo = config.build_algo()
     try:
         group = algo.env_runner_group
@@ -200,7 +219,9 @@ def test_what_the_runners_load_is_the_learners_weights_in_the_rollout_dtype_bit_
             small_buckets(None)
         else:
             algo.learner_group.foreach_learner(small_buckets)
-        algo.train()
+        result = algo.train()
+        assert result["gagpo"]["weight_sync_broadcast"] == float(transport == "broadcast"), case
+        assert result["gagpo"]["weight_sync_fallbacks"] == 0.0, case
         if algo.learner_group.is_local:
             want = expected(algo.learner_group._learner)
         else:  # learner 0 serves the weights (under FSDP the only one holding them whole)
@@ -227,4 +248,55 @@ def test_what_the_runners_load_is_the_learners_weights_in_the_rollout_dtype_bit_
                 assert got.dtype == torch.bfloat16 and torch.equal(got, value), (case, name)
     finally:
         weight_sync.BUCKET_BYTES = weight_sync.DEFAULT_BUCKET_BYTES
+        algo.stop()
+
+
+def test_a_failed_broadcast_is_counted_served_by_the_object_store_and_the_channel_opened_again(
+    ray_cluster, tiny_maze_config, monkeypatch
+) -> None:
+    """The runner leaves the channel behind learner 0's back: that iteration's sync fails over to the object store
+    (logged, ``weight_sync_fallbacks`` 1) and still delivers learner 0's weights; the next one opens a new channel
+    and broadcasts again. A group with ``BROADCAST_MAX_FAILURES`` failures in a row stays on the object store."""
+    from gagpo_rllib.policy.weight_transport import close_channel
+    from gagpo_rllib.rllib import weight_sync
+
+    monkeypatch.setattr(weight_sync, "BROADCAST_TIMEOUT_S", 20.0)
+    config = tiny_maze_config(dtype="bfloat16").env_runners(num_env_runners=1)
+    algo = config.learners(weight_transport="broadcast").build_algo()
+    try:
+        group = algo.env_runner_group
+
+        def held(g):
+            return g.foreach_env_runner(
+                lambda r: {k: v.clone() for k, v in r.module.model.state_dict().items()},
+                local_env_runner=False,
+            )[0]
+
+        def learners():
+            module = algo.learner_group._learner.module["default_policy"].unwrapped()
+            return {k.removeprefix("model."): v.to(torch.bfloat16) for k, v in module.inference_tensors()}
+
+        def leave(g):
+            name = weight_sync._BROADCASTS[g].info.name
+            g.foreach_env_runner(lambda r: close_channel(name), local_env_runner=False)
+
+        assert algo.train()["gagpo"]["weight_sync_broadcast"] == 1.0  # the first sync opens the channel
+        leave(group)
+        result = algo.train()
+        assert result["gagpo"]["weight_sync_fallbacks"] == 1.0
+        assert result["gagpo"]["weight_sync_broadcast"] == 0.0
+        runner, want = held(group), learners()
+        assert all(torch.equal(runner[k], v) for k, v in want.items())
+
+        result = algo.train()
+        assert result["gagpo"]["weight_sync_broadcast"] == 1.0
+        assert result["gagpo"]["weight_sync_fallbacks"] == 1.0  # a lifetime count
+        runner, want = held(group), learners()
+        assert all(torch.equal(runner[k], v) for k, v in want.items())
+
+        assert weight_sync._BROADCASTS[group].failures == 0  # a success resets the count
+        weight_sync._BROADCASTS[group].failures = weight_sync.BROADCAST_MAX_FAILURES
+        report = weight_sync.sync_env_runners(group, algo.learner_group)
+        assert report.transport == "object_store" and not report.fallback
+    finally:
         algo.stop()
