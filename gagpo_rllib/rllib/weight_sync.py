@@ -59,6 +59,7 @@ from gagpo_rllib.policy.weight_buckets import (
 from gagpo_rllib.policy.weight_transport import (
     BroadcastWeights,
     ChannelInfo,
+    channel_open,
     close_channel,
     join_channel,
     open_channel,
@@ -378,9 +379,12 @@ def _open_sender(learner: Any, *, name: str, world_size: int) -> ChannelInfo:
     )
 
 
-def _plan(learner: Any) -> tuple[int, list[list[Slot]]]:
-    """On learner 0: its weights' sequence number and the buckets this sync lays them out in; weights that are not
-    finite raise here, before any runner waits for them (FSDP learners check theirs together in ``_send``)."""
+def _plan(learner: Any, *, name: str) -> tuple[int, list[list[Slot]]] | None:
+    """On learner 0: its weights' sequence number and the buckets this sync lays them out in, or None when this
+    process is not in channel ``name`` (a restarted learner): the channel is opened again before any runner waits.
+    Weights that are not finite raise here too (FSDP learners check theirs together in ``_send``)."""
+    if not channel_open(name):
+        return None
     if not learner.sharded:
         learner.check_weights_finite()
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
@@ -510,10 +514,16 @@ def _broadcast_sync(group: Any, learner_group: Any) -> SyncReport:
     ids = tuple(sorted(group.healthy_env_runner_ids()))
     if not ids:
         raise RuntimeError("weight broadcast: no healthy remote runner")
-    if state.info is None or state.runner_ids != ids:
+    plan = None
+    if state.info is not None and state.runner_ids == ids:
+        plan = _on_learner_0(learner_group, partial(_plan, name=state.info.name))
+    if plan is None:
         _close(group, learner_group, state)
         _open(group, learner_group, ids, state)
-    seq_no, buckets = _on_learner_0(learner_group, _plan)
+        plan = _on_learner_0(learner_group, partial(_plan, name=state.info.name))
+        if plan is None:
+            raise RuntimeError("weight broadcast: learner 0 is not in the channel it just opened")
+    seq_no, buckets = plan
     name = state.info.name
     _on_runners(group, [partial(_receive, name=name, buckets=buckets, seq_no=seq_no)] * len(ids), ids)
     try:

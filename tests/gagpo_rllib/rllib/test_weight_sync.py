@@ -256,7 +256,8 @@ def test_a_failed_broadcast_is_counted_served_by_the_object_store_and_the_channe
 ) -> None:
     """The runner leaves the channel behind learner 0's back: that iteration's sync fails over to the object store
     (logged, ``weight_sync_fallbacks`` 1) and still delivers learner 0's weights; the next one opens a new channel
-    and broadcasts again. A group with ``BROADCAST_MAX_FAILURES`` failures in a row stays on the object store."""
+    and broadcasts again. A learner 0 that lost its channel gets a new one before the runners wait. A group with
+    ``BROADCAST_MAX_FAILURES`` failures in a row stays on the object store."""
     from gagpo_rllib.policy.weight_transport import close_channel
     from gagpo_rllib.rllib import weight_sync
 
@@ -295,6 +296,15 @@ def test_a_failed_broadcast_is_counted_served_by_the_object_store_and_the_channe
         assert all(torch.equal(runner[k], v) for k, v in want.items())
 
         assert weight_sync._BROADCASTS[group].failures == 0  # a success resets the count
+
+        # Learner 0 (the driver's local learner here) without its channel, as a restarted learner is: the sync
+        # sees it before any runner waits and opens a new channel, no fallback.
+        old = weight_sync._BROADCASTS[group].info.name
+        close_channel(old)
+        result = algo.train()
+        assert result["gagpo"]["weight_sync_broadcast"] == 1.0
+        assert result["gagpo"]["weight_sync_fallbacks"] == 1.0
+        assert weight_sync._BROADCASTS[group].info.name != old
         weight_sync._BROADCASTS[group].failures = weight_sync.BROADCAST_MAX_FAILURES
         report = weight_sync.sync_env_runners(group, algo.learner_group)
         assert report.transport == "object_store" and not report.fallback
