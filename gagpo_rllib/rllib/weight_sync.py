@@ -19,9 +19,9 @@ The broadcast path (``weight_transport="broadcast"``; ``"auto"`` picks it when t
 have whole GPUs of their own): learner 0 and the remote runners form a process group (``policy.weight_transport``:
 NCCL between GPUs, gloo on CPUs), learner 0 casts each bucket where the weights live and broadcasts it, and every
 runner hands the bucket's tensors to its engine as they arrive, with no host copy on a GPU. The group is opened on
-the first sync and again when the set of healthy runners changes; a sync that fails on it is logged, counted
-(``SyncReport.fallback``) and done through the object store, and after ``BROADCAST_MAX_FAILURES`` failures in a
-row the group's runners stay on the object store. Syncs to chosen runners (restored ones) and the deferred syncs
+the first sync and again when the set of healthy runners changes or learner 0 is not in it (restarted); a sync
+that fails on it is logged, counted (``SyncReport.fallback``) and done through the object store, and after
+``BROADCAST_MAX_FAILURES`` failures in a row the group's runners stay on the object store. Syncs to chosen runners (restored ones) and the deferred syncs
 of ``max_staleness`` >= 1 (``prepare_sync``) always take the object store. Not built: CUDA IPC handles for an
 engine on the learner's own GPU (the colocated layout), which takes the object store.
 """
