@@ -20,7 +20,6 @@ Nothing here knows about Ray or RLlib (``gagpo_rllib.rllib.weight_sync`` drives 
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -68,21 +67,11 @@ class _Channel:
 _CHANNELS: dict[str, _Channel] = {}
 
 
-def _node_address() -> str:
-    """This node's address as other nodes see it (the interface of the default route), else loopback."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("10.255.255.255", 1))
-            return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
-
-
 def open_channel(
-    name: str, world_size: int, backend: str, *, address: str | None = None, timeout_s: float = 300.0
+    name: str, world_size: int, backend: str, *, address: str, timeout_s: float = 300.0
 ) -> ChannelInfo:
-    """On rank 0 (the sender): host the channel's store on a free port; returns what the members join with.
-    A channel of the same name in this process is closed first."""
+    """On rank 0 (the sender): host the channel's store on a free port of ``address`` (this node's, as the members
+    reach it); returns what the members join with. A channel of the same name in this process is closed first."""
     if backend not in BROADCAST_BACKENDS:
         raise ValueError(
             f"weight channel {name!r}: backend must be one of {BROADCAST_BACKENDS}, got {backend!r}"
@@ -92,7 +81,6 @@ def open_channel(
             f"weight channel {name!r}: world_size must be >= 2 (a sender and a receiver), got {world_size}"
         )
     close_channel(name)
-    address = address or _node_address()
     store = dist.TCPStore(address, 0, world_size, True, timedelta(seconds=timeout_s), wait_for_workers=False)
     info = ChannelInfo(name, address, int(store.port), world_size, backend, float(timeout_s))
     _CHANNELS[name] = _Channel(info, 0, store)
@@ -169,6 +157,7 @@ def send_buckets(
     bucket's tensors whole first (FSDP: a gather every learner runs in the same order); ``keep`` False only takes
     part in those gathers (a learner outside the channel). Returns the bytes sent."""
     channel = _member(name, 0) if keep else None
+    device = _device(channel) if channel is not None else None
     sent = 0
     for slots in buckets:
         values = {slot.name: tensors[slot.name] for slot in slots}
@@ -176,14 +165,13 @@ def send_buckets(
             values = {k: whole(t) for k, t in values.items()}
         if channel is None:
             continue
-        device = _device(channel)
         buffer = torch.empty(bucket_size(slots), dtype=torch.uint8, device=device)
         if device.type != "cpu":
             values = {k: t.to(device) for k, t in values.items()}
         pack(slots, values, None, out=buffer)
         channel.group.broadcast(buffer, 0).wait()
         sent += buffer.numel()
-    if channel is not None and _device(channel).type == "cuda":
+    if device is not None and device.type == "cuda":
         torch.cuda.current_stream().synchronize()
     return sent
 

@@ -255,8 +255,19 @@ def _publish_shards(learner: Any) -> PublishedWeights | None:
     order everywhere) and learner 0 casts them into the bucket and puts it, so learner 0's host holds two
     staging buffers, never the model. The shards are checked finite first, on their devices, and the learners
     agree on the result before any collective, so all raise or none does."""
-    from gagpo_rllib.policy.distributed import agree_max, world
     from gagpo_rllib.policy.fsdp import full_tensor
+
+    module, first = _shards_checked_finite(learner)
+    packed = publish_tensors(
+        module.inference_tensors(shards=True), module.dtype, whole=full_tensor, keep=first
+    )
+    return _published(packed, learner) if packed is not None else None
+
+
+def _shards_checked_finite(learner: Any) -> tuple[Any, bool]:
+    """FSDP, on every learner at once: raise on all of them if any learner's shards are not finite (they agree
+    before any collective, so all raise or none does); the module and whether this is learner 0."""
+    from gagpo_rllib.policy.distributed import agree_max, world
 
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
     bad = module.nonfinite_weights()
@@ -265,11 +276,7 @@ def _publish_shards(learner: Any) -> PublishedWeights | None:
             f"GAGPO learner: weights {bad[:5]} of {DEFAULT_MODULE_ID} (this learner's shards) are not finite, or "
             "another learner's are; not handing them out"
         )
-    first = world()[1] == 0
-    packed = publish_tensors(
-        module.inference_tensors(shards=True), module.dtype, whole=full_tensor, keep=first
-    )
-    return _published(packed, learner) if packed is not None else None
+    return module, world()[1] == 0
 
 
 def publish_weights(learner_group: Any) -> PublishedWeights:
@@ -395,20 +402,13 @@ def _plan(learner: Any, *, name: str) -> tuple[int, list[list[Slot]]] | None:
 def _send(learner: Any, *, name: str, buckets: list[list[Slot]]) -> int:
     """On the learners: learner 0 broadcasts its inference weights bucket by bucket (FSDP: the learners check their
     shards finite together, then every learner gathers each bucket's tensors and learner 0 sends)."""
-    from gagpo_rllib.policy.distributed import agree_max, world
     from gagpo_rllib.policy.fsdp import full_tensor
 
-    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
     if learner.sharded:
-        bad = module.nonfinite_weights()
-        if agree_max(float(len(bad)), next(module.parameters()).device) > 0:
-            raise RuntimeError(
-                f"GAGPO learner: weights {bad[:5]} (this learner's shards) are not finite, or another learner's "
-                "are; not handing them out"
-            )
-        first = world()[1] == 0
+        module, first = _shards_checked_finite(learner)
         tensors = dict(module.inference_tensors(shards=True))
         return send_buckets(name, buckets, tensors, whole=full_tensor, keep=first)
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
     return send_buckets(name, buckets, dict(module.inference_tensors()))
 
 

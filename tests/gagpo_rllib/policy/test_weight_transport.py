@@ -90,9 +90,9 @@ def test_every_receiver_gets_the_senders_tensors_cast_bit_for_bit() -> None:
 
 def test_channel_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="backend"):
-        open_channel("bad", world_size=2, backend="mpi")
+        open_channel("bad", world_size=2, backend="mpi", address="127.0.0.1")
     with pytest.raises(ValueError, match="world_size"):
-        open_channel("bad", world_size=1, backend="gloo")
+        open_channel("bad", world_size=1, backend="gloo", address="127.0.0.1")
     with pytest.raises(RuntimeError, match="not joined"):
         send_buckets("never-opened", [], {})
     info = open_channel("half", world_size=2, backend="gloo", address="127.0.0.1", timeout_s=5)
