@@ -19,6 +19,9 @@ the sender's cast, bit for bit, for every path.
   and broadcasts it over a gloo process group (``gagpo_rllib.policy.weight_transport``); the receiver copies each
   bucket's tensors in as it arrives. On GPUs the same code runs over NCCL, device to device; here it measures
   whether the channel could also serve as a host path.
+- ``shared buckets (ipc)``: ``weight_transport="ipc"`` on CPU: the sender packs each bucket into a file in shared
+  memory and publishes its name; the receiver maps it, copies it and its tensors in (on GPUs: CUDA IPC handles to
+  device buffers, the engine on the learner's GPU).
 
 ``python benchmarks/bench_weight_sync.py`` (``--repeats``, ``--model 0.5b|cpu|1.5b``, ``--dtype``). Needs ~8 GiB of
 memory at 0.5B.
@@ -43,9 +46,11 @@ from bench_learner import SHAPES, VOCAB  # noqa: E402
 from gagpo_rllib.policy.weight_buckets import plan_buckets  # noqa: E402
 from gagpo_rllib.policy.weight_transport import (  # noqa: E402
     BroadcastWeights,
+    SharedWeights,
     join_channel,
     open_channel,
     send_buckets,
+    share_buckets,
 )
 from gagpo_rllib.rllib.weight_sync import (  # noqa: E402
     BUCKET_BYTES,
@@ -111,17 +116,20 @@ class Sender:
         packed = publish_tensors(self.state, dtype, threads=threads)
         return packed, time.perf_counter() - start
 
-    def open_broadcast(self, dtype: torch.dtype) -> tuple:
-        info = open_channel("bench", 2, "gloo", address="127.0.0.1")
+    def open_channel(self, dtype: torch.dtype, backend: str) -> tuple:
+        info = open_channel("bench", 2, backend, address="127.0.0.1")
         return info, plan_buckets(self.state, dtype, BUCKET_BYTES)
 
     def join(self, info) -> None:
         join_channel(info, 0)
 
-    def broadcast(self, buckets) -> float:
+    def send(self, buckets, backend: str, sync: int) -> float:
         torch.set_num_threads(1)
         start = time.perf_counter()
-        send_buckets("bench", buckets, dict(self.state))
+        if backend == "ipc":
+            share_buckets("bench", buckets, dict(self.state), sync=sync)
+        else:
+            send_buckets("bench", buckets, dict(self.state))
         return time.perf_counter() - start
 
 
@@ -144,10 +152,14 @@ class Receiver:
     def join(self, info) -> None:
         join_channel(info, 1)
 
-    def receive(self, buckets) -> float:
+    def receive(self, buckets, backend: str, sync: int) -> float:
         start = time.perf_counter()
+        if backend == "ipc":
+            weights = SharedWeights("bench", buckets, sync=sync)
+        else:
+            weights = BroadcastWeights("bench", buckets)
         with torch.no_grad():
-            for name, t in BroadcastWeights("bench", buckets).items():
+            for name, t in weights.items():
                 self.weights[name].copy_(t)
         return time.perf_counter() - start
 
@@ -185,23 +197,26 @@ def _row(label, sender, receiver, nbytes, publish, load, expected) -> dict:
     return dict(path=label, publish_s=p, load_s=q, total_s=p + q, gib_s=nbytes / GIB / (p + q), exact=exact)
 
 
-def measure_broadcast(args, shapes: list, dtype: torch.dtype, expected: list[int]) -> dict:
-    """The gloo broadcast: publish is the sender's packing and sending, load what the receiver's copy-in adds
-    after the last bucket arrived (both run at once; the sync's seconds are the receiver's)."""
+def measure_channel(
+    label: str, backend: str, args, shapes: list, dtype: torch.dtype, expected: list[int]
+) -> dict:
+    """A weight channel (gloo broadcast, or ipc's shared buckets): publish is the sender's packing and sending,
+    load what the receiver's copy-in adds after the sender finished (both run at once; the sync's seconds are the
+    receiver's)."""
     sender = Sender.remote(shapes, args.seed)
     receiver = Receiver.remote(shapes, dtype)
     nbytes = ray.get(sender.nbytes.remote(dtype))
-    info, buckets = ray.get(sender.open_broadcast.remote(dtype))
+    info, buckets = ray.get(sender.open_channel.remote(dtype, backend))
     ray.get([receiver.join.remote(info), sender.join.remote(info)])
     publish, load = [], []
     for i in range(args.repeats + 1):
-        receiving = receiver.receive.remote(buckets)
-        sent = ray.get(sender.broadcast.remote(buckets))
+        receiving = receiver.receive.remote(buckets, backend, i)
+        sent = ray.get(sender.send.remote(buckets, backend, i))
         received = ray.get(receiving)
         if i:
             publish.append(sent)
             load.append(max(0.0, received - sent))
-    return _row("broadcast (gloo)", sender, receiver, nbytes, publish, load, expected)
+    return _row(label, sender, receiver, nbytes, publish, load, expected)
 
 
 def main() -> None:
@@ -234,7 +249,10 @@ def main() -> None:
                 f"buckets, {threads} threads (the runs' path)", {}, args, shapes, dtype, threads, expected
             ),
         ]
-        rows.insert(len(rows) - 1, measure_broadcast(args, shapes, dtype, expected))
+        rows[-1:-1] = [
+            measure_channel("broadcast (gloo)", "gloo", args, shapes, dtype, expected),
+            measure_channel("shared buckets (ipc, shared memory)", "ipc", args, shapes, dtype, expected),
+        ]
     finally:
         ray.shutdown()
     base = rows[0]["total_s"]

@@ -48,10 +48,12 @@ COLUMNS = (
     "singleton_share",
     "adv_zero_share",
     # What the iteration cost this machine: the driver's peak resident memory in it (the learner runs in the driver),
-    # and the EnvRunner calls that came back empty or found a restarted runner (Ray's memory monitor kills the
-    # engine's EnvRunner when the machine runs short).
+    # the EnvRunner calls that came back empty or found a restarted runner, and the runners RLlib restored (Ray's
+    # memory monitor kills the engine's EnvRunner when the machine runs short; one killed during the update is
+    # restored before the next sampling call, so only the restore count sees it).
     "driver_peak_gib",
     "runner_failures",
+    "runners_restored",
 )
 # Phases of a run's CSV, in order: the warm start (its build time), held-out before, each iteration, held-out after.
 WARM, BEFORE, TRAIN, AFTER = "warm_start", "held_out_before", "train", "held_out_after"
@@ -195,6 +197,7 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
                 adv_zero_share=_round(grouping.get("adv_zero_share")),
                 driver_peak_gib=_round(peak_gib, 2),
                 runner_failures=int(g.get("runner_failures", 0)),
+                runners_restored=int(g.get("env_runners_restored", 0)),
             )
         if checkpoint.exists():
             shutil.rmtree(checkpoint)
@@ -241,6 +244,7 @@ def summary(rows: list[dict]) -> dict:
         return sum(values) / len(values) if values else math.nan
 
     failures = recorded("runner_failures")
+    restored = recorded("runners_restored")
 
     return {
         "before": _num(before["success"]) if before else math.nan,
@@ -257,6 +261,7 @@ def summary(rows: list[dict]) -> dict:
         "adv_zero_share": train_mean("adv_zero_share"),
         "driver_peak_gib": max(recorded("driver_peak_gib"), default=math.nan),
         "runner_failures": sum(failures) if failures else math.nan,
+        "runners_restored": sum(restored) if restored else math.nan,
     }
 
 
@@ -368,9 +373,9 @@ def render(out: Path) -> str:
             rule += "---:|---:|---:|"
         head += (
             " iterations | warm start (min) | wall time (min) | steps: state seen once | advantage 0 |"
-            " driver peak (GiB) | runner failures |"
+            " driver peak (GiB) | runner failures | runners restored |"
         )
-        lines += [head, rule + "---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [head, rule + "---:|---:|---:|---:|---:|---:|---:|---:|"]
         for stem, rows in sorted(env_runs.items()):
             _, estimator, seed = stem.split("_")
             s = summary(rows)
@@ -390,6 +395,7 @@ def render(out: Path) -> str:
             row += f" {iterations} | {s['warm_start_s'] / 60:.1f} |"
             row += f" {s['wall_s'] / 60:.1f} | {_pct(s['singleton_share'])} | {_pct(s['adv_zero_share'])} |"
             row += f" {plain(s['driver_peak_gib'], '.1f')} | {plain(s['runner_failures'], '.0f')} |"
+            row += f" {plain(s['runners_restored'], '.0f')} |"
             lines.append(row)
         lines += [
             "",
@@ -397,7 +403,8 @@ def render(out: Path) -> str:
             "and of steps whose advantage is exactly 0 (GAGPO gives 0 to a step whose state and every later state "
             "on its path are seen once). Driver peak: the largest resident memory of the process running the "
             "learner in any iteration; runner failures: EnvRunner calls that came back empty or found a restarted "
-            "runner (the group is played again). `-`: a run recorded before the column was logged.",
+            "runner (the group is played again); runners restored: EnvRunners RLlib brought back, wherever they "
+            "were lost (during the update too). `-`: a run recorded before the column was logged.",
         ]
         png = out / f"{env}.png"
         plot(env, env_runs, png)

@@ -56,7 +56,7 @@ from gagpo_rllib.rllib.placement import placement_shortfall
 from gagpo_rllib.rllib.rollout_pipeline import RolloutPipeline
 from gagpo_rllib.rllib.weight_sync import (
     SyncReport,
-    close_broadcast,
+    close_weight_channels,
     prepare_sync,
     route_learner_syncs,
     sync_env_runners,
@@ -129,6 +129,9 @@ class GAGPO(Algorithm):
         restored = super().restore_env_runners(env_runner_group)
         if restored and self.learner_group is not None:
             sync_env_runners(env_runner_group, self.learner_group, worker_ids=list(restored), force=True)
+        if restored and env_runner_group is self.env_runner_group:
+            # A runner lost between sampling calls (e.g. killed during the update) is only seen here.
+            self.metrics.log_value(("gagpo", "env_runners_restored"), float(len(restored)), reduce="sum")
         return restored
 
     def num_tasks(self) -> int:
@@ -244,7 +247,7 @@ class GAGPO(Algorithm):
         learner_group = getattr(self, "learner_group", None)
         for group in (getattr(self, "env_runner_group", None), getattr(self, "eval_env_runner_group", None)):
             if group is not None and learner_group is not None:
-                close_broadcast(group, learner_group)
+                close_weight_channels(group, learner_group)
         super().stop()
 
     def take_rollout(self, iteration: int) -> tuple[GroupSample, DynamicSample | None, float, int]:
@@ -274,6 +277,8 @@ class GAGPO(Algorithm):
         iteration = self.iteration
         if self.background_validation is not None:  # a validation that ended beside training reports now
             self.background_validation.report(self)
+        # Per iteration, 0 unless ``restore_env_runners`` brought a training runner back in it.
+        self.metrics.log_value(("gagpo", "env_runners_restored"), 0.0, reduce="sum")
         # Sample: the iteration's planned groups, played now or taken from the rollout pipeline (max_staleness).
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             sample, dynamic, sample_s, staleness = self.take_rollout(iteration)
@@ -356,16 +361,17 @@ class GAGPO(Algorithm):
             self.metrics.log_value(("gagpo", name), value, window=1)
 
     def log_weight_sync(self, synced: SyncReport) -> None:
-        """One copy of the inference-only weights per sync, fetched by every runner or broadcast to them
-        (``weight_sync``); ``weight_sync_fallbacks`` counts broadcasts that failed over to the object store."""
+        """One copy of the inference-only weights per sync, fetched by every runner, broadcast or shared with them
+        (``weight_sync``); ``weight_sync_fallbacks`` counts channel syncs that failed over to the object store."""
         self.metrics.log_value(("gagpo", "weight_sync_bytes"), float(synced.nbytes), window=1)
         self.metrics.log_value(("gagpo", "weight_sync_tensors"), float(synced.num_tensors), window=1)
         self.metrics.log_value(("gagpo", "weight_sync_runners"), float(synced.runners), window=1)
         self.metrics.log_value(("gagpo", "weight_sync_s"), synced.seconds, window=1)
-        broadcast = float(synced.transport == "broadcast")
-        self.metrics.log_value(("gagpo", "weight_sync_broadcast"), broadcast, window=1)
+        for transport in ("broadcast", "ipc"):
+            used = float(synced.transport == transport)
+            self.metrics.log_value(("gagpo", f"weight_sync_{transport}"), used, window=1)
         self.metrics.log_value(
-            ("gagpo", "weight_sync_fallbacks"), float(synced.fallback), reduce="sum", clear_on_reduce=False
+            ("gagpo", "weight_sync_fallbacks"), float(synced.fallback), reduce="lifetime_sum"
         )
 
     def engine_census(self) -> dict[str, Any]:

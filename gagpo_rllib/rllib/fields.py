@@ -40,7 +40,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 LORA_SYNCS = ("adapter", "merged")
 # How weights reach the engines (gagpo_rllib.rllib.weight_sync): "auto" broadcasts between whole-GPU learners and
 # engines, else the object store.
-WEIGHT_TRANSPORTS = ("auto", "object_store", "broadcast")
+WEIGHT_TRANSPORTS = ("auto", "object_store", "broadcast", "ipc")
 
 
 def _int(v: Any) -> bool:
@@ -175,8 +175,8 @@ FIELDS: tuple[Field, ...] = (
     *_fields(
         "learners",
         ("learner_sharding", "ddp", "choice", "whole model per learner, or FSDP2", SHARDINGS),
-        ("weight_transport", "auto", "choice", "learner 0 to the engines: broadcast (NCCL/gloo) or object store",
-         WEIGHT_TRANSPORTS),
+        ("weight_transport", "auto", "choice", "learners to engines: object store, broadcast (NCCL/gloo) or "
+         "ipc (shared device memory)", WEIGHT_TRANSPORTS),
     ),
     *_fields(
         "fault_tolerance",  # grouped sampling

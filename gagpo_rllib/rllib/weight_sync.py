@@ -18,12 +18,21 @@ measures this path beside the former one (a dict of tensors pickled into the obj
 The broadcast path (``weight_transport="broadcast"``; ``"auto"`` picks it when the learners and the engines each
 have whole GPUs of their own): learner 0 and the remote runners form a process group (``policy.weight_transport``:
 NCCL between GPUs, gloo on CPUs), learner 0 casts each bucket where the weights live and broadcasts it, and every
-runner hands the bucket's tensors to its engine as they arrive, with no host copy on a GPU. The group is opened on
-the first sync and again when the set of healthy runners changes or learner 0 is not in it (restarted); a sync
-that fails on it is logged, counted (``SyncReport.fallback``) and done through the object store, and after
-``BROADCAST_MAX_FAILURES`` failures in a row the group's runners stay on the object store. Syncs to chosen runners (restored ones) and the deferred syncs
-of ``max_staleness`` >= 1 (``prepare_sync``) always take the object store. Not built: CUDA IPC handles for an
-engine on the learner's own GPU (the colocated layout), which takes the object store.
+runner hands the bucket's tensors to its engine as they arrive, with no host copy on a GPU.
+
+The ipc path (``weight_transport="ipc"``; ``"auto"`` picks it when learners and engines each have a share of a GPU,
+the colocated layout of ``paper_setup``): each runner is paired with the lowest-ranked learner on its device
+(GPU UUIDs; on CPU, the host), every learner with runners hosts a channel of its own, and shares each bucket with
+them (a CUDA IPC handle to its device buffer; a shared-memory file on CPU) instead of sending it; each runner
+copies the bucket on the device and its engine loads it. DDP learners hold the same weights and FSDP learners
+gather each bucket whole, so any learner serves its GPU's engines. Runners with no learner on their device take
+the object store.
+
+Either channel is opened on the first sync and again when the set of healthy runners changes or a hosting learner
+is not in its channel (restarted); a sync that fails on it is logged, counted (``SyncReport.fallback``) and done
+through the object store, and after ``BROADCAST_MAX_FAILURES`` failures in a row the group's runners stay on the
+object store. Syncs to chosen runners (restored ones) and the deferred syncs of ``max_staleness`` >= 1
+(``prepare_sync``) always take the object store.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -59,11 +68,14 @@ from gagpo_rllib.policy.weight_buckets import (
 from gagpo_rllib.policy.weight_transport import (
     BroadcastWeights,
     ChannelInfo,
+    SharedWeights,
     channel_open,
     close_channel,
+    device_key,
     join_channel,
     open_channel,
     send_buckets,
+    share_buckets,
 )
 from gagpo_rllib.rllib.rllib_internals import (
     learner_weights_seq_no,
@@ -75,8 +87,10 @@ from gagpo_rllib.rllib.rllib_internals import (
 
 __all__ = [
     "BROADCAST_MAX_FAILURES",
+    "CHANNEL_TRANSPORTS",
     "ROLLOUT_WEIGHTS_DIR",
-    "close_broadcast",
+    "close_weight_channels",
+    "pair_by_device",
     "PackedWeights",
     "PublishedWeights",
     "prepare_sync",
@@ -154,7 +168,8 @@ class PublishedWeights:
 @dataclass
 class SyncReport:
     """What one sync moved: the bytes of one copy of the weights, the runners that took it, the seconds, and how
-    (``transport``: "object_store" or "broadcast"; ``fallback``: a broadcast failed and the object store served)."""
+    (``transport``: "object_store", "broadcast" or "ipc"; ``fallback``: a channel sync failed and the object store
+    served)."""
 
     nbytes: int
     num_tensors: int
@@ -305,12 +320,13 @@ def sync_env_runners(
     runner's sequence number says it has them (a restored runner, given the local runner's number by RLlib).
     """
     fallback = False
-    if worker_ids is None and not force and _broadcasts(group, learner_group):
+    transport = _channel_transport(group, learner_group) if worker_ids is None and not force else None
+    if transport is not None:
         try:
-            return _broadcast_sync(group, learner_group)
-        except Exception as err:  # noqa: BLE001 - any failure of the channel: the object store serves this sync
+            return _channel_sync(group, learner_group, transport)
+        except Exception as err:  # noqa: BLE001 - any failure of a channel: the object store serves this sync
             fallback = True
-            _broadcast_failed(group, learner_group, err)
+            _channel_failed(group, learner_group, transport, err)
     report = prepare_sync(
         group, learner_group, worker_ids=worker_ids, force=force, timeout_seconds=timeout_seconds
     )()
@@ -318,107 +334,193 @@ def sync_env_runners(
     return report
 
 
-# ---------------------------------------------------------------------------------------------- broadcast
-# A group whose broadcast failed this many times in a row takes the object store for the rest of the run.
+# ------------------------------------------------------------------------------------- broadcast and ipc
+# A group whose channel sync failed this many times in a row takes the object store for the rest of the run.
 BROADCAST_MAX_FAILURES = 3
-# Seconds a member waits for the others in one collective before it fails.
+# Seconds a member waits for the others (one collective, one shared bucket) before it fails.
 BROADCAST_TIMEOUT_S = 300.0
 _TAG = "gagpo_weight_broadcast"
 _NAMES = itertools.count()
+CHANNEL_TRANSPORTS = ("broadcast", "ipc")
+
+
+@dataclass(frozen=True)
+class _Link:
+    """One channel: the learner (its rank among the learners) that hosts it and the runners in it (rank i + 1 is
+    ``runner_ids[i]``)."""
+
+    learner: int
+    info: ChannelInfo
+    runner_ids: tuple[int, ...]
 
 
 @dataclass
-class _Broadcast:
-    """A runner group's channel: who is in it (rank i + 1 is ``runner_ids[i]``), and its failures in a row."""
+class _Channels:
+    """A runner group's channels: broadcast, one hosted by learner 0; ipc, one per learner that has runners on its
+    device. ``runner_ids``: the healthy runners they were opened for; ``unlinked``: those no channel reaches (ipc:
+    no learner on their device), which the object store serves; ``failures`` in a row; ``syncs`` so far (ipc
+    names each sync's buckets by it)."""
 
-    info: ChannelInfo | None = None
+    transport: str
+    links: list[_Link] = field(default_factory=list)
     runner_ids: tuple[int, ...] = ()
+    unlinked: tuple[int, ...] = ()
     failures: int = 0
+    syncs: int = 0
+
+    def names(self) -> dict[int, str]:
+        """Learner rank -> the name of the channel it hosts."""
+        return {link.learner: link.info.name for link in self.links}
 
 
-_BROADCASTS: weakref.WeakKeyDictionary[Any, _Broadcast] = weakref.WeakKeyDictionary()
+_GROUP_CHANNELS: weakref.WeakKeyDictionary[Any, _Channels] = weakref.WeakKeyDictionary()
 
 
 def transport_of(config: Any) -> str:
-    """What ``config.weight_transport`` means for this run: "broadcast" or "object_store" ("auto": broadcast when
-    learners and engines each have whole GPUs, i.e. sit on different GPUs)."""
+    """What ``config.weight_transport`` means for this run: "broadcast", "ipc" or "object_store" ("auto": broadcast
+    when learners and engines each have whole GPUs, i.e. sit on different GPUs; ipc when both have a share of a
+    GPU, i.e. the colocated layout; else the object store)."""
     choice = getattr(config, "weight_transport", "object_store")
     if choice != "auto":
         return choice
     learner_gpus = float(config.num_gpus_per_learner or 0)
     runner_gpus = float(config.num_gpus_per_env_runner or 0)
-    return "broadcast" if learner_gpus >= 1 and runner_gpus >= 1 else "object_store"
+    if learner_gpus >= 1 and runner_gpus >= 1:
+        return "broadcast"
+    if 0 < learner_gpus < 1 and 0 < runner_gpus < 1:
+        return "ipc"
+    return "object_store"
 
 
-def _broadcasts(group: Any, learner_group: Any) -> bool:
-    """Whether this sync of the whole ``group`` goes by broadcast: chosen, remote runners to reach, no local runner
-    that samples (it takes the object store's copy), and the group's channel not given up."""
-    if transport_of(learner_group.config) != "broadcast" or group.num_remote_env_runners() == 0:
-        return False
+def _channel_transport(group: Any, learner_group: Any) -> str | None:
+    """The channel this sync of the whole ``group`` goes by ("broadcast" or "ipc"), or None: the object store (not
+    chosen, no remote runners to reach, a local runner that samples and takes the object store's copy, or the
+    group's channels given up)."""
+    transport = transport_of(learner_group.config)
+    if transport not in CHANNEL_TRANSPORTS or group.num_remote_env_runners() == 0:
+        return None
     local = group.local_env_runner
     if local is not None and local.has_env():
-        return False
-    state = _BROADCASTS.get(group)
-    return state is None or state.failures < BROADCAST_MAX_FAILURES
+        return None
+    state = _GROUP_CHANNELS.get(group)
+    return None if state is not None and state.failures >= BROADCAST_MAX_FAILURES else transport
 
 
-def _on_learner_0(learner_group: Any, fn: Callable[[Any], Any], *, every: bool = False) -> Any:
-    """``fn(learner)`` on learner 0 (``every``, FSDP: on all learners at once, the largest result: learner 0 sends
-    the bytes, the others 0)."""
+def _on_learners(learner_group: Any, fn: Callable[[Any], Any]) -> list[Any]:
+    """``fn(learner)`` on every learner at once (the local one, or every remote one); their results."""
     if learner_group.is_local:
-        return fn(local_learner(learner_group))
-    if every and learner_group.config.shards_learners:
-        return max(on_every_learner(learner_group, fn))
-    return on_first_learner(learner_group, fn)
+        return [fn(local_learner(learner_group))]
+    return on_every_learner(learner_group, fn)
 
 
-def _open_sender(learner: Any, *, name: str, world_size: int) -> ChannelInfo:
-    """On learner 0: host the channel (NCCL where the weights are on a GPU, else gloo)."""
+def _rank() -> int:
+    """This learner's rank among the learners (0 without a process group)."""
+    from gagpo_rllib.policy.distributed import world
+
+    return world()[1]
+
+
+def _module_device(learner: Any) -> torch.device:
+    return next(learner.module[DEFAULT_MODULE_ID].unwrapped().parameters()).device
+
+
+def _learner_device(learner: Any) -> tuple[int, str]:
+    """On a learner: its rank and the memory its weights live in (``device_key``)."""
+    return _rank(), device_key(_module_device(learner))
+
+
+def _runner_device(runner: Any) -> tuple[int, str]:
+    """On a runner: its index and the memory its engine lives in (the GPU Ray gave it, else this host's)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    return int(runner.worker_index), device_key(device)
+
+
+def pair_by_device(
+    learners: Mapping[int, str], runners: Mapping[int, str]
+) -> tuple[dict[int, tuple[int, ...]], tuple[int, ...]]:
+    """ipc: each runner goes to the lowest-ranked learner on its device (``device_key``s); returns learner rank ->
+    its runners, and the runners with no learner on their device."""
+    linked: dict[int, list[int]] = {}
+    unlinked = []
+    for runner, key in sorted(runners.items()):
+        ranks = sorted(rank for rank, k in learners.items() if k == key)
+        if ranks:
+            linked.setdefault(ranks[0], []).append(runner)
+        else:
+            unlinked.append(runner)
+    return {rank: tuple(ids) for rank, ids in sorted(linked.items())}, tuple(unlinked)
+
+
+def _open_senders(learner: Any, *, channels: dict[int, tuple[str, int]], transport: str) -> tuple[int, Any]:
+    """On every learner: the one whose rank is in ``channels`` hosts that channel (ipc; or NCCL where the weights are
+    on a GPU, else gloo) and returns its rank and ``ChannelInfo``; the others (rank, None)."""
     import ray.util
 
-    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
-    return open_channel(
-        name,
-        world_size,
-        "nccl" if next(module.parameters()).is_cuda else "gloo",
-        address=ray.util.get_node_ip_address(),
-        timeout_s=BROADCAST_TIMEOUT_S,
+    rank = _rank()
+    if rank not in channels:
+        return rank, None
+    name, world_size = channels[rank]
+    backend = "ipc" if transport == "ipc" else "nccl" if _module_device(learner).type == "cuda" else "gloo"
+    info = open_channel(
+        name, world_size, backend, address=ray.util.get_node_ip_address(), timeout_s=BROADCAST_TIMEOUT_S
     )
+    return rank, info
 
 
-def _plan(learner: Any, *, name: str) -> tuple[int, list[list[Slot]]] | None:
-    """On learner 0: its weights' sequence number and the buckets this sync lays them out in, or None when this
-    process is not in channel ``name`` (a restarted learner): the channel is opened again before any runner waits.
-    Weights that are not finite raise here too (FSDP learners check theirs together in ``_send``)."""
-    if not channel_open(name):
-        return None
+def _join_senders(learner: Any, *, infos: dict[int, ChannelInfo]) -> bool | str:
+    """On every learner: the host of a channel joins it as rank 0 (see ``_join``)."""
+    info = infos.get(_rank())
+    return True if info is None else _join(learner, info=info, rank=0)
+
+
+def _plan(learner: Any, *, names: dict[int, str]) -> tuple[bool, tuple[int, list[list[Slot]]] | None]:
+    """On every learner: whether it is in the channel it hosts (False: restarted, the channels are opened again
+    before any runner waits); learner 0 also returns its weights' sequence number and the buckets this sync lays
+    them out in. Weights that are not finite raise here (FSDP learners check theirs together in ``_send``)."""
+    rank = _rank()
+    joined = rank not in names or channel_open(names[rank])
+    if rank != 0 or not joined:
+        return joined, None
     if not learner.sharded:
         learner.check_weights_finite()
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
     buckets = plan_buckets(module.inference_tensors(shards=True), module.dtype, BUCKET_BYTES)
-    return learner_weights_seq_no(learner), buckets
+    return True, (learner_weights_seq_no(learner), buckets)
 
 
-def _send(learner: Any, *, name: str, buckets: list[list[Slot]]) -> int:
-    """On the learners: learner 0 broadcasts its inference weights bucket by bucket (FSDP: the learners check their
-    shards finite together, then every learner gathers each bucket's tensors and learner 0 sends)."""
+def _send(
+    learner: Any, *, names: dict[int, str], buckets: list[list[Slot]], transport: str, sync: int
+) -> int:
+    """On every learner: the host of a channel broadcasts or shares its inference weights bucket by bucket (FSDP:
+    the learners check their shards finite together, then every learner gathers each bucket's tensors and the
+    hosts send). Returns the bytes sent (0 where it hosts no channel)."""
     from gagpo_rllib.policy.fsdp import full_tensor
 
+    name = names.get(_rank())
     if learner.sharded:
-        module, first = _shards_checked_finite(learner)
-        tensors = dict(module.inference_tensors(shards=True))
-        return send_buckets(name, buckets, tensors, whole=full_tensor, keep=first)
-    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
-    return send_buckets(name, buckets, dict(module.inference_tensors()))
+        module, _ = _shards_checked_finite(learner)
+        tensors, whole = dict(module.inference_tensors(shards=True)), full_tensor
+    elif name is None:
+        return 0
+    else:
+        tensors, whole = dict(learner.module[DEFAULT_MODULE_ID].unwrapped().inference_tensors()), None
+    keep = name is not None
+    if transport == "ipc":
+        return share_buckets(name, buckets, tensors, sync=sync, whole=whole, keep=keep)
+    return send_buckets(name, buckets, tensors, whole=whole, keep=keep)
 
 
-def _receive(runner: Any, *, name: str, buckets: list[list[Slot]], seq_no: int) -> int | str:
-    """On a runner: load the broadcast into its module (its engine reads the buckets as they arrive) under
-    ``seq_no``; every bucket is received even where loading stops early, so the collective completes. Returns the
-    bytes received, or what went wrong as a string: an exception would make RLlib take the runner out of service,
-    while the sync only falls back to the object store."""
+def _receive(
+    runner: Any, *, name: str, buckets: list[list[Slot]], seq_no: int, transport: str, sync: int
+) -> int | str:
+    """On a runner: load the sync into its module (its engine reads the buckets as they arrive) under ``seq_no``;
+    every bucket is taken even where loading stops early, so the sender completes. Returns the bytes received, or
+    what went wrong as a string: an exception would make RLlib take the runner out of service, while the sync
+    only falls back to the object store."""
     try:
-        weights = BroadcastWeights(name, buckets)
+        weights = (
+            SharedWeights(name, buckets, sync=sync) if transport == "ipc" else BroadcastWeights(name, buckets)
+        )
         try:
             runner.set_state({COMPONENT_RL_MODULE: {DEFAULT_MODULE_ID: weights}, WEIGHTS_SEQ_NO: seq_no})
         finally:
@@ -437,8 +539,9 @@ def _join(member: Any, *, info: ChannelInfo, rank: int) -> bool | str:
     return True
 
 
-def _leave(member: Any, *, name: str) -> bool:
-    close_channel(name)
+def _leave(member: Any, *, names: list[str]) -> bool:
+    for name in names:
+        close_channel(name)
     return True
 
 
@@ -446,49 +549,85 @@ def _on_runners(group: Any, fns: list[Callable[[Any], Any]], ids: tuple[int, ...
     """Start ``fns[i]`` on runner ``ids[i]`` without waiting (``_collect`` waits)."""
     started = group.foreach_env_runner_async(fns, tag=_TAG, remote_worker_ids=list(ids))
     if started != len(ids):
-        raise RuntimeError(f"weight broadcast: {started} of {len(ids)} runners took the call")
+        raise RuntimeError(f"weight channel: {started} of {len(ids)} runners took the call")
 
 
 def _collect(group: Any, ids: tuple[int, ...]) -> list[Any]:
-    """The runners' replies to the calls ``_on_runners`` started; raises if one is missing or reports an error."""
-    replies = group.fetch_ready_async_reqs(tags=_TAG, timeout_seconds=BROADCAST_TIMEOUT_S)
-    errors = {i: value for i, value in replies if isinstance(value, str)}
+    """The runners' replies to the calls ``_on_runners`` started, in the order of ``ids``; raises if one is missing
+    or reports an error."""
+    replies = dict(group.fetch_ready_async_reqs(tags=_TAG, timeout_seconds=BROADCAST_TIMEOUT_S))
+    errors = {i: value for i, value in replies.items() if isinstance(value, str)}
     if errors:
-        raise RuntimeError(f"weight broadcast: runners failed: {errors}")
-    if sorted(i for i, _ in replies) != sorted(ids):
-        raise RuntimeError(
-            f"weight broadcast: runners {sorted(ids)} were asked, {sorted(i for i, _ in replies)} answered"
+        raise RuntimeError(f"weight channel: runners failed: {errors}")
+    if sorted(replies) != sorted(ids):
+        raise RuntimeError(f"weight channel: runners {sorted(ids)} were asked, {sorted(replies)} answered")
+    return [replies[i] for i in ids]
+
+
+def _linked_runners(state: _Channels) -> tuple[int, ...]:
+    return tuple(i for link in state.links for i in link.runner_ids)
+
+
+def _open(group: Any, learner_group: Any, ids: tuple[int, ...], state: _Channels) -> None:
+    """Open the group's channels for runners ``ids``: who hosts which runners (broadcast: learner 0 all of them;
+    ipc: each learner those on its device), the hosts open their stores, then all members join at once."""
+    if state.transport == "ipc":
+        learners = dict(_on_learners(learner_group, _learner_device))
+        runners = dict(
+            group.foreach_env_runner(_runner_device, local_env_runner=False, remote_worker_ids=list(ids))
         )
-    return [value for _, value in replies]
-
-
-def _open(group: Any, learner_group: Any, ids: tuple[int, ...], state: _Broadcast) -> None:
-    """Open the group's channel for runners ``ids``: learner 0 hosts it, then all join at once."""
-    name = f"{os.getpid()}-{next(_NAMES)}"
-    info = _on_learner_0(learner_group, partial(_open_sender, name=name, world_size=len(ids) + 1))
-    _on_runners(group, [partial(_join, info=info, rank=rank) for rank in range(1, len(ids) + 1)], ids)
+        if sorted(runners) != sorted(ids):
+            raise RuntimeError(
+                f"weight channel: runners {sorted(ids)} were asked, {sorted(runners)} answered"
+            )
+        plan, unlinked = pair_by_device(learners, runners)
+    else:
+        plan, unlinked = {0: ids}, ()
+    channels = {rank: (f"{os.getpid()}-{next(_NAMES)}", len(rids) + 1) for rank, rids in plan.items()}
+    infos = {
+        rank: info
+        for rank, info in _on_learners(
+            learner_group, partial(_open_senders, channels=channels, transport=state.transport)
+        )
+        if info is not None
+    }
+    if sorted(infos) != sorted(plan):
+        raise RuntimeError(
+            f"weight channel: learners {sorted(plan)} were to host channels, {sorted(infos)} did"
+        )
+    links = [_Link(rank, infos[rank], rids) for rank, rids in plan.items()]
+    members = tuple(i for link in links for i in link.runner_ids)
+    joins = [
+        partial(_join, info=link.info, rank=r) for link in links for r in range(1, len(link.runner_ids) + 1)
+    ]
+    if members:
+        _on_runners(group, joins, members)
     try:
-        joined = _on_learner_0(learner_group, partial(_join, info=info, rank=0))
+        joined = _on_learners(learner_group, partial(_join_senders, infos=infos))
     finally:
-        _collect(group, ids)
-    if joined is not True:
-        raise RuntimeError(f"weight broadcast: learner 0 could not join: {joined}")
-    state.info, state.runner_ids = info, ids
+        if members:
+            _collect(group, members)
+    failed = [j for j in joined if j is not True]
+    if failed:
+        raise RuntimeError(f"weight channel: a hosting learner could not join: {failed}")
+    state.links, state.runner_ids, state.unlinked = links, ids, unlinked
 
 
-def _close(group: Any, learner_group: Any, state: _Broadcast) -> None:
-    """Leave the group's channel everywhere it is open (best effort: members that are gone have left)."""
-    if state.info is None:
+def _close(group: Any, learner_group: Any, state: _Channels) -> None:
+    """Leave the group's channels everywhere they are open (best effort: members that are gone have left)."""
+    if not state.links:
+        state.runner_ids, state.unlinked = (), ()
         return
-    name, ids = state.info.name, state.runner_ids
-    state.info, state.runner_ids = None, ()
-    with _suppressed("closing the weight channel on learner 0"):
-        _on_learner_0(learner_group, partial(_leave, name=name))
+    names = [link.info.name for link in state.links]
+    ids = _linked_runners(state)
+    state.links, state.runner_ids, state.unlinked = [], (), ()
+    with _suppressed("closing the weight channels on the learners"):
+        _on_learners(learner_group, partial(_leave, names=names))
     healthy = [i for i in ids if i in set(group.healthy_env_runner_ids())]
     if healthy:
-        with _suppressed("closing the weight channel on the runners"):
+        with _suppressed("closing the weight channels on the runners"):
             group.foreach_env_runner(
-                partial(_leave, name=name),
+                partial(_leave, names=names),
                 local_env_runner=False,
                 remote_worker_ids=healthy,
                 timeout_seconds=30,
@@ -501,59 +640,95 @@ def _suppressed(what: str) -> Iterator[None]:
     try:
         yield
     except Exception as err:  # noqa: BLE001
-        logger.warning("weight broadcast: %s failed: %s", what, err)
+        logger.warning("weight channel: %s failed: %s", what, err)
 
 
-def _broadcast_sync(group: Any, learner_group: Any) -> SyncReport:
-    """One sync of every healthy remote runner of ``group`` over the group's channel (opened on first use and
-    whenever the healthy runners change): the runners start receiving, learner 0 sends, all finish together."""
+def _plan_sync(learner_group: Any, state: _Channels) -> tuple[int, list[list[Slot]]] | None:
+    """Learner 0's sequence number and buckets for this sync, or None when a host is not in its channel."""
+    answers = _on_learners(learner_group, partial(_plan, names=state.names()))
+    if not all(joined for joined, _ in answers):
+        return None
+    plan = next((plan for _, plan in answers if plan is not None), None)
+    if plan is None:
+        raise RuntimeError("weight channel: no learner of rank 0 answered")
+    return plan
+
+
+def _channel_sync(group: Any, learner_group: Any, transport: str) -> SyncReport:
+    """One sync of every healthy remote runner of ``group`` over the group's channels (opened on first use and
+    whenever the healthy runners change or a host left its channel): the runners start receiving, the hosts send,
+    all finish together; runners no channel reaches take the object store's copy."""
     start = time.perf_counter()
-    state = _BROADCASTS.setdefault(group, _Broadcast())
-    with _suppressed("collecting the replies of an earlier failed broadcast"):
+    state = _GROUP_CHANNELS.get(group)
+    if state is None or state.transport != transport:
+        state = _GROUP_CHANNELS[group] = _Channels(transport)
+    with _suppressed("collecting the replies of an earlier failed sync"):
         group.fetch_ready_async_reqs(tags=_TAG, timeout_seconds=0)
     ids = tuple(sorted(group.healthy_env_runner_ids()))
     if not ids:
-        raise RuntimeError("weight broadcast: no healthy remote runner")
+        raise RuntimeError("weight channel: no healthy remote runner")
     plan = None
-    if state.info is not None and state.runner_ids == ids:
-        plan = _on_learner_0(learner_group, partial(_plan, name=state.info.name))
+    if state.runner_ids == ids:
+        plan = _plan_sync(learner_group, state)
     if plan is None:
         _close(group, learner_group, state)
         _open(group, learner_group, ids, state)
-        plan = _on_learner_0(learner_group, partial(_plan, name=state.info.name))
+        plan = _plan_sync(learner_group, state)
         if plan is None:
-            raise RuntimeError("weight broadcast: learner 0 is not in the channel it just opened")
+            raise RuntimeError("weight channel: a learner is not in the channel it just opened")
     seq_no, buckets = plan
-    name = state.info.name
-    _on_runners(group, [partial(_receive, name=name, buckets=buckets, seq_no=seq_no)] * len(ids), ids)
-    try:
-        sent = _on_learner_0(learner_group, partial(_send, name=name, buckets=buckets), every=True)
-    finally:
-        received = _collect(group, ids)
-    if any(r != sent for r in received):
-        raise RuntimeError(f"weight broadcast: {sent} bytes sent, runners received {received}")
+    state.syncs += 1
+    linked = _linked_runners(state)
+    receive = partial(_receive, buckets=buckets, seq_no=seq_no, transport=transport, sync=state.syncs)
+    sent = 0
+    if linked:
+        _on_runners(
+            group,
+            [partial(receive, name=link.info.name) for link in state.links for _ in link.runner_ids],
+            linked,
+        )
+        try:
+            sent = max(
+                _on_learners(
+                    learner_group,
+                    partial(
+                        _send, names=state.names(), buckets=buckets, transport=transport, sync=state.syncs
+                    ),
+                )
+            )
+        finally:
+            received = _collect(group, linked)
+        if any(r != sent for r in received):
+            raise RuntimeError(f"weight channel: {sent} bytes sent, runners received {received}")
+    nbytes = sent or sum(slot.nbytes for slots in buckets for slot in slots)
+    if state.unlinked:  # ipc: runners with no learner on their device
+        prepare_sync(group, learner_group, worker_ids=list(state.unlinked))()
     local = group.local_env_runner
     if local is not None:
         local.set_weights_seq_no(seq_no)  # the reference the remote runners are checked against
     state.failures = 0
     tensors = sum(len(slots) for slots in buckets)
-    return SyncReport(sent, tensors, len(ids), time.perf_counter() - start, transport="broadcast")
+    used = transport if linked else "object_store"
+    return SyncReport(nbytes, tensors, len(ids), time.perf_counter() - start, transport=used)
 
 
-def close_broadcast(group: Any, learner_group: Any) -> None:
-    """Close ``group``'s broadcast channel, if it has one (the Algorithm's ``stop``)."""
-    state = _BROADCASTS.pop(group, None)
+def close_weight_channels(group: Any, learner_group: Any) -> None:
+    """Close ``group``'s broadcast or ipc channels, if it has any (the Algorithm's ``stop``)."""
+    state = _GROUP_CHANNELS.pop(group, None)
     if state is not None:
         _close(group, learner_group, state)
 
 
-def _broadcast_failed(group: Any, learner_group: Any, err: BaseException) -> None:
-    """Count a failed broadcast, close the channel (the next sync opens a new one) and say what happened."""
-    state = _BROADCASTS.setdefault(group, _Broadcast())
+def _channel_failed(group: Any, learner_group: Any, transport: str, err: BaseException) -> None:
+    """Count a failed channel sync, close the channels (the next sync opens new ones) and say what happened."""
+    state = _GROUP_CHANNELS.get(group)
+    if state is None or state.transport != transport:
+        state = _GROUP_CHANNELS[group] = _Channels(transport)
     state.failures += 1
     _close(group, learner_group, state)
     logger.warning(
-        "weight broadcast failed (%d in a row%s): %s; this sync goes through the object store",
+        "weight %s failed (%d in a row%s): %s; this sync goes through the object store",
+        transport,
         state.failures,
         ", the object store serves from now on" if state.failures >= BROADCAST_MAX_FAILURES else "",
         err,

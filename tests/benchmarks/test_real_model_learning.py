@@ -38,16 +38,17 @@ def test_summary_of_a_run_logged_before_the_grouping_columns() -> None:
     assert not s["finished"] and (s["iterations"], s["empty_iterations"]) == (1, 0)
 
 
-def test_summary_reads_peak_memory_and_runner_failures() -> None:
+def test_summary_reads_peak_memory_runner_failures_and_restores() -> None:
     rows = [
-        _row(rml.TRAIN, 1, 120.0, driver_peak_gib="9.5", runner_failures="0"),
-        _row(rml.TRAIN, 2, 130.0, driver_peak_gib="16.25", runner_failures="3"),
-        _row(rml.TRAIN, 3, 150.0, driver_peak_gib="12.0", runner_failures="1"),
+        _row(rml.TRAIN, 1, 120.0, driver_peak_gib="9.5", runner_failures="0", runners_restored="1"),
+        _row(rml.TRAIN, 2, 130.0, driver_peak_gib="16.25", runner_failures="3", runners_restored="2"),
+        _row(rml.TRAIN, 3, 150.0, driver_peak_gib="12.0", runner_failures="1", runners_restored="0"),
     ]
     s = rml.summary(rows)
-    assert (s["driver_peak_gib"], s["runner_failures"]) == (16.25, 4)
+    assert (s["driver_peak_gib"], s["runner_failures"], s["runners_restored"]) == (16.25, 4, 3)
     old = rml.summary([_row(rml.TRAIN, 1, 120.0)])
     assert math.isnan(old["driver_peak_gib"]) and math.isnan(old["runner_failures"])
+    assert math.isnan(old["runners_restored"])
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux /proc only")

@@ -82,7 +82,7 @@ def test_staleness_needs_the_proximal_log_probs_and_engines_that_stay_awake() ->
     )
 
 
-def test_the_weight_transport_auto_picks_the_broadcast_between_separate_gpus_only() -> None:
+def test_the_weight_transport_auto_picks_broadcast_between_gpus_and_ipc_on_shared_ones() -> None:
     from gagpo_rllib.rllib.weight_sync import transport_of
 
     assert transport_of(_valid()) == "object_store"  # CPUs
@@ -91,9 +91,12 @@ def test_the_weight_transport_auto_picks_the_broadcast_between_separate_gpus_onl
     )
     assert transport_of(separate) == "broadcast"
     colocated = _valid().learners(num_gpus_per_learner=0.51).env_runners(num_gpus_per_env_runner=0.392)
-    assert transport_of(colocated) == "object_store"  # CUDA IPC would serve here; not built
+    assert transport_of(colocated) == "ipc"  # paper_setup's colocated layout
+    whole_learner = colocated.learners(num_gpus_per_learner=1)
+    assert transport_of(whole_learner) == "object_store"  # engines sharing GPUs cannot join one NCCL group
     assert transport_of(separate.learners(weight_transport="object_store")) == "object_store"
     assert transport_of(_valid().learners(weight_transport="broadcast")) == "broadcast"
+    assert transport_of(_valid().learners(weight_transport="ipc")) == "ipc"
 
 
 def test_gigpo_needs_a_centring_norm() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gagpo_rllib.rllib.paper_setup import count_from_env, paper_config, scale_out_from_env, sharding_from_env
+from gagpo_rllib.rllib.weight_sync import transport_of
 from tests.gagpo_rllib.toy_env import CorridorEnv
 
 
@@ -161,6 +162,7 @@ def test_colocated_plans_put_a_learner_and_an_engine_on_every_gpu(
         assert learner + runner + valid <= 1.0 + 1e-9 and 2 * runner + learner > 1.0 - valid
     assert c.sleep_engines_during_update is True and c.backend_kwargs["enable_sleep_mode"] is True
     assert c.evaluation_config["backend_kwargs"]["enable_sleep_mode"] is True
+    assert transport_of(c) == "ipc"  # an engine beside each learner: its weights are shared, not copied
     with pytest.raises(ValueError, match="GAGPO_COLOCATE=1: one learner per GPU at most"):
         _config(
             tiny_policy_path, num_gpus=gpus, num_learners=gpus + 1, num_env_runners=runners, colocate=True

@@ -178,14 +178,26 @@ def _record_engine_loads(runner) -> None:
             ),
             marks=pytest.mark.vllm_engine,
         ),
+        # Shared buckets (shared-memory files on CPU, the protocol CUDA IPC handles run on GPUs): every runner is on
+        # learner 0's device (this host).
+        ("hf, 2 runners, ipc", dict(runners=2, learners=1, gagpo={}, transport="ipc")),
+        (
+            "hf, 2 FSDP learners, ipc",
+            dict(runners=1, learners=2, gagpo={"learner_sharding": "fsdp"}, transport="ipc"),
+        ),
+        pytest.param(
+            "vllm, 1 runner, local learner, ipc",
+            dict(runners=1, gagpo={"backend": "vllm", "max_prompt_tokens": 600}, transport="ipc"),
+            marks=pytest.mark.vllm_engine,
+        ),
     ],
 )
 def test_what_the_runners_load_is_the_learners_weights_in_the_rollout_dtype_bit_for_bit(
     ray_cluster, tiny_maze_config, case: str, setup: dict, request
 ) -> None:
     """After an update, every runner holds (HF) or is handed (the real vLLM CPU engine) exactly the learner's
-    inference weights cast to bfloat16, through several buckets, by the object store or the broadcast channel;
-    the iteration reports which, and that no broadcast fell back."""
+    inference weights cast to bfloat16, through several buckets, by the object store, the broadcast channel or
+    shared buckets; the iteration reports which, and that no channel sync fell back."""
     from gagpo_rllib.rllib import weight_sync
     from gagpo_rllib.rllib.rllib_internals import on_first_learner
 
@@ -221,6 +233,7 @@ def test_what_the_runners_load_is_the_learners_weights_in_the_rollout_dtype_bit_
             algo.learner_group.foreach_learner(small_buckets)
         result = algo.train()
         assert result["gagpo"]["weight_sync_broadcast"] == float(transport == "broadcast"), case
+        assert result["gagpo"]["weight_sync_ipc"] == float(transport == "ipc"), case
         assert result["gagpo"]["weight_sync_fallbacks"] == 0.0, case
         if algo.learner_group.is_local:
             want = expected(algo.learner_group._learner)
@@ -251,19 +264,21 @@ def test_what_the_runners_load_is_the_learners_weights_in_the_rollout_dtype_bit_
         algo.stop()
 
 
-def test_a_failed_broadcast_is_counted_served_by_the_object_store_and_the_channel_opened_again(
-    ray_cluster, tiny_maze_config, monkeypatch
+@pytest.mark.parametrize("transport", ["broadcast", "ipc"])
+def test_a_failed_channel_sync_is_counted_served_by_the_object_store_and_the_channel_opened_again(
+    ray_cluster, tiny_maze_config, monkeypatch, transport: str
 ) -> None:
     """The runner leaves the channel behind learner 0's back: that iteration's sync fails over to the object store
     (logged, ``weight_sync_fallbacks`` 1) and still delivers learner 0's weights; the next one opens a new channel
-    and broadcasts again. A learner 0 that lost its channel gets a new one before the runners wait. A group with
+    and syncs over it again (broadcast, or shared buckets). A learner 0 that lost its channel gets a new one before the runners wait. A group with
     ``BROADCAST_MAX_FAILURES`` failures in a row stays on the object store."""
     from gagpo_rllib.policy.weight_transport import close_channel
     from gagpo_rllib.rllib import weight_sync
 
     monkeypatch.setattr(weight_sync, "BROADCAST_TIMEOUT_S", 20.0)
     config = tiny_maze_config(dtype="bfloat16").env_runners(num_env_runners=1)
-    algo = config.learners(weight_transport="broadcast").build_algo()
+    algo = config.learners(weight_transport=transport).build_algo()
+    used = f"weight_sync_{transport}"
     try:
         group = algo.env_runner_group
 
@@ -278,35 +293,44 @@ def test_a_failed_broadcast_is_counted_served_by_the_object_store_and_the_channe
             return {k.removeprefix("model."): v.to(torch.bfloat16) for k, v in module.inference_tensors()}
 
         def leave(g):
-            name = weight_sync._BROADCASTS[g].info.name
+            name = weight_sync._GROUP_CHANNELS[g].links[0].info.name
             g.foreach_env_runner(lambda r: close_channel(name), local_env_runner=False)
 
-        assert algo.train()["gagpo"]["weight_sync_broadcast"] == 1.0  # the first sync opens the channel
+        assert algo.train()["gagpo"][used] == 1.0  # the first sync opens the channel
         leave(group)
         result = algo.train()
         assert result["gagpo"]["weight_sync_fallbacks"] == 1.0
-        assert result["gagpo"]["weight_sync_broadcast"] == 0.0
+        assert result["gagpo"][used] == 0.0
         runner, want = held(group), learners()
         assert all(torch.equal(runner[k], v) for k, v in want.items())
 
         result = algo.train()
-        assert result["gagpo"]["weight_sync_broadcast"] == 1.0
+        assert result["gagpo"][used] == 1.0
         assert result["gagpo"]["weight_sync_fallbacks"] == 1.0  # a lifetime count
         runner, want = held(group), learners()
         assert all(torch.equal(runner[k], v) for k, v in want.items())
 
-        assert weight_sync._BROADCASTS[group].failures == 0  # a success resets the count
+        assert weight_sync._GROUP_CHANNELS[group].failures == 0  # a success resets the count
 
         # Learner 0 (the driver's local learner here) without its channel, as a restarted learner is: the sync
         # sees it before any runner waits and opens a new channel, no fallback.
-        old = weight_sync._BROADCASTS[group].info.name
+        old = weight_sync._GROUP_CHANNELS[group].links[0].info.name
         close_channel(old)
         result = algo.train()
-        assert result["gagpo"]["weight_sync_broadcast"] == 1.0
+        assert result["gagpo"][used] == 1.0
         assert result["gagpo"]["weight_sync_fallbacks"] == 1.0
-        assert weight_sync._BROADCASTS[group].info.name != old
-        weight_sync._BROADCASTS[group].failures = weight_sync.BROADCAST_MAX_FAILURES
+        assert weight_sync._GROUP_CHANNELS[group].links[0].info.name != old
+        weight_sync._GROUP_CHANNELS[group].failures = weight_sync.BROADCAST_MAX_FAILURES
         report = weight_sync.sync_env_runners(group, algo.learner_group)
         assert report.transport == "object_store" and not report.fallback
     finally:
         algo.stop()
+
+
+def test_ipc_pairs_each_runner_with_the_lowest_ranked_learner_on_its_device() -> None:
+    from gagpo_rllib.rllib.weight_sync import pair_by_device
+
+    learners = {0: "cuda:a", 1: "cuda:b", 2: "cuda:b"}
+    runners = {1: "cuda:b", 2: "cuda:a", 3: "cuda:c", 4: "cuda:b"}
+    assert pair_by_device(learners, runners) == ({0: (2,), 1: (1, 4)}, (3,))
+    assert pair_by_device({0: "host:x"}, {}) == ({}, ())
