@@ -1,4 +1,5 @@
-"""Weights broadcast over a collective group: learner 0 sends each bucket once, every engine receives it in place.
+"""Weight channels from a learner to engines: each bucket is broadcast once over a collective group, or shared with
+engines on the learner's own device.
 
 The host path (``weight_buckets`` through Ray's object store) copies the weights to host memory on the learner and
 back to the device on every runner. With the learner and the engines on different GPUs the bytes can go device
@@ -122,16 +123,14 @@ def join_channel(info: ChannelInfo, rank: int) -> None:
         channel = _Channel(info, rank, store)
         _CHANNELS[info.name] = channel
     prefixed = dist.PrefixStore(f"gagpo_weights/{info.name}", channel.store)
-    if info.backend == "ipc":
-        pass
-    elif info.backend == "gloo":
+    if info.backend == "gloo":
         channel.group = dist.ProcessGroupGloo(prefixed, rank, info.world_size, timeout)
-    else:
+    elif info.backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options.is_high_priority_stream = False
         options._timeout = timeout
         channel.group = dist.ProcessGroupNCCL(prefixed, rank, info.world_size, options)
-    channel.joined = True
+    channel.joined = True  # ipc: the store is all a member needs
 
 
 def channel_open(name: str) -> bool:
