@@ -1,7 +1,7 @@
 """The weight channels: what every receiver gets is the sender's tensors in the rollout dtype, bit for bit, bucket
 by bucket; a receiver that reads nothing still takes part; reading out of order is refused. The broadcast on CPU
-(gloo, the code NCCL runs), the shared buckets (ipc) on CPU (shared-memory files) and, where a GPU exists, on CUDA
-(IPC handles to device memory)."""
+(gloo, the code NCCL runs; over NCCL where two GPUs exist), the shared buckets (ipc) on CPU (shared-memory files)
+and, where a GPU exists, on CUDA (IPC handles to device memory)."""
 
 from __future__ import annotations
 
@@ -211,3 +211,31 @@ def test_cuda_ipc_hands_the_receivers_the_senders_device_buckets_bit_for_bit() -
     _check(named, hows, results, sent)
     assert results[3][0]["device"].startswith("cuda")
     assert device_key("cuda").startswith("cuda:")
+
+
+def _nccl_receiver(info, rank, buckets, out) -> None:
+    torch.cuda.set_device(rank % torch.cuda.device_count())  # NCCL: one rank per GPU
+    _receiver(info, rank, buckets, "items", out)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="an NCCL broadcast needs 2 GPUs"
+)
+def test_nccl_broadcast_hands_each_gpu_the_senders_device_buckets_bit_for_bit() -> None:
+    """The separate layout's path: learner 0 on GPU 0 broadcasts device buffers to a receiver on GPU 1."""
+    torch.cuda.set_device(0)
+    named = [(name, t.cuda()) for name, t in _named()]
+    buckets = plan_buckets(named, torch.bfloat16, bucket_bytes=8 << 10)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    info = open_channel("nccl", world_size=2, backend="nccl", address="127.0.0.1", timeout_s=120)
+    proc = ctx.Process(target=_nccl_receiver, args=(info, 1, buckets, out))
+    proc.start()
+    try:
+        join_channel(info, 0)
+        sent = send_buckets("nccl", buckets, dict(named))
+        rank, got, nbytes = out.get(timeout=180)
+    finally:
+        close_channel("nccl")
+        proc.join(timeout=60)
+    _check(named, ["items"], {rank: (_load(got), nbytes)}, sent)
