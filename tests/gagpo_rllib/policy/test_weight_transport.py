@@ -74,40 +74,11 @@ def _load(data: bytes) -> dict:
 
 def test_every_receiver_gets_the_senders_tensors_cast_bit_for_bit() -> None:
     named = _named()
-    buckets = plan_buckets(named, torch.bfloat16, bucket_bytes=8 << 10)
-    assert len(buckets) >= 3
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
     hows = ["items", "getitem", "nothing", "backwards"]
-    info = open_channel("test", world_size=len(hows) + 1, backend="gloo", address="127.0.0.1", timeout_s=60)
-    procs = [
-        ctx.Process(target=_receiver, args=(info, rank, buckets, how, out))
-        for rank, how in enumerate(hows, start=1)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        join_channel(info, 0)
-        assert channel_open("test")
-        sent = send_buckets("test", buckets, dict(named))
-        results = {rank: (_load(got), nbytes) for rank, got, nbytes in (out.get(timeout=120) for _ in procs)}
-    finally:
-        close_channel("test")
-        for p in procs:
-            p.join(timeout=60)
-    assert sent == sum(b[-1].offset + b[-1].nbytes for b in buckets)
-    for rank, how in enumerate(hows, start=1):
-        got, nbytes = results[rank]
-        assert nbytes == sent, how  # every receiver took part in every bucket
-        if how in ("items", "getitem"):
-            assert list(got) == [n for n, _ in named], how
-            for name, t in named:
-                want = t.to(torch.bfloat16) if t.is_floating_point() else t
-                assert got[name].dtype == want.dtype and torch.equal(got[name], want), (how, name)
-        elif how == "backwards":
-            assert "sender's order" in got["error"]
-        else:
-            assert got == {}
+    results, sent = _run_channel("gloo", named, hows)
+    _check(named, hows, results, sent)
+    assert "sender's order" in results[4][0]["error"]
+    assert results[3][0] == {}
 
 
 def test_channel_arguments_are_checked() -> None:
@@ -137,13 +108,14 @@ def _check(named, hows, results, sent) -> None:
                 assert got[name].dtype == want.dtype and torch.equal(got[name], want), (how, name)
 
 
-def _share(named, hows, *, sync: int, window: int = 2) -> tuple[dict, int]:
-    """Share ``named`` over an ipc channel with one spawned receiver per entry of ``hows``."""
+def _run_channel(backend: str, named, hows, *, sync: int | None = None, window: int = 2) -> tuple[dict, int]:
+    """Send (gloo) or share (ipc) ``named`` over a channel with one spawned receiver per entry of ``hows``;
+    {rank: (what it read, bytes it took)} and the bytes sent."""
     buckets = plan_buckets(named, torch.bfloat16, bucket_bytes=8 << 10)
     assert len(buckets) >= 3
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    info = open_channel("shared", world_size=len(hows) + 1, backend="ipc", address="127.0.0.1", timeout_s=60)
+    info = open_channel(backend, world_size=len(hows) + 1, backend=backend, address="127.0.0.1", timeout_s=60)
     procs = [
         ctx.Process(target=_receiver, args=(info, rank, buckets, how, out, sync))
         for rank, how in enumerate(hows, start=1)
@@ -152,11 +124,14 @@ def _share(named, hows, *, sync: int, window: int = 2) -> tuple[dict, int]:
         p.start()
     try:
         join_channel(info, 0)
-        assert channel_open("shared")
-        sent = share_buckets("shared", buckets, dict(named), sync=sync, window=window)
+        assert channel_open(backend)
+        if backend == "ipc":
+            sent = share_buckets(backend, buckets, dict(named), sync=sync, window=window)
+        else:
+            sent = send_buckets(backend, buckets, dict(named))
         results = {rank: (_load(got), nbytes) for rank, got, nbytes in (out.get(timeout=120) for _ in procs)}
     finally:
-        close_channel("shared")
+        close_channel(backend)
         for p in procs:
             p.join(timeout=60)
     assert sent == sum(b[-1].offset + b[-1].nbytes for b in buckets)
@@ -172,7 +147,7 @@ def _shm_files() -> list[str]:
 def test_shared_buckets_reach_every_receiver_bit_for_bit_and_leave_nothing_in_shared_memory() -> None:
     named = _named()
     hows = ["items", "getitem", "nothing"]
-    results, sent = _share(named, hows, sync=7, window=1)
+    results, sent = _run_channel("ipc", named, hows, sync=7, window=1)
     _check(named, hows, results, sent)
     assert results[3][0] == {}
     assert _shm_files() == []  # each bucket's file went once every receiver had copied it
@@ -207,7 +182,7 @@ def test_cuda_ipc_hands_the_receivers_the_senders_device_buckets_bit_for_bit() -
     """The colocated layout's path: device buffers exported as CUDA IPC handles, mapped by the GPU's UUID."""
     named = [(name, t.cuda()) for name, t in _named()]
     hows = ["items", "getitem", "device"]
-    results, sent = _share(named, hows, sync=3, window=2)
+    results, sent = _run_channel("ipc", named, hows, sync=3, window=2)
     _check(named, hows, results, sent)
     assert results[3][0]["device"].startswith("cuda")
     assert device_key("cuda").startswith("cuda:")
