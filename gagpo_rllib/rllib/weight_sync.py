@@ -28,8 +28,9 @@ copies the bucket on the device and its engine loads it. DDP learners hold the s
 gather each bucket whole, so any learner serves its GPU's engines. Runners with no learner on their device take
 the object store.
 
-Either channel is opened on the first sync and again when the set of healthy runners changes or a hosting learner
-is not in its channel (restarted); a sync that fails on it is logged, counted (``SyncReport.fallback``) and done
+Either channel is opened on the first sync and again when the set of healthy runners changes, a runner in it was
+restored (``runners_left_channels``, from the Algorithm's restore) or a hosting learner is not in its channel
+(restarted); a sync that fails on it is logged, counted (``SyncReport.fallback``) and done
 through the object store, and after ``BROADCAST_MAX_FAILURES`` failures in a row the group's runners stay on the
 object store. Syncs to chosen runners (restored ones) and the deferred syncs of ``max_staleness`` >= 1
 (``prepare_sync``) always take the object store.
@@ -98,6 +99,7 @@ __all__ = [
     "publish_weights",
     "publish_tensors",
     "route_learner_syncs",
+    "runners_left_channels",
     "state_nbytes",
     "sync_env_runners",
     "sync_local_runner",
@@ -611,6 +613,14 @@ def _open(group: Any, learner_group: Any, ids: tuple[int, ...], state: _Channels
     if failed:
         raise RuntimeError(f"weight channel: a hosting learner could not join: {failed}")
     state.links, state.runner_ids, state.unlinked = links, ids, unlinked
+
+
+def runners_left_channels(group: Any, worker_ids: list[int]) -> None:
+    """Runners ``worker_ids`` of ``group`` were restored (new processes, in no channel): the group's next channel
+    sync opens new channels before any learner sends, instead of failing over after the channel's timeout."""
+    state = _GROUP_CHANNELS.get(group)
+    if state is not None and set(worker_ids) & set(_linked_runners(state)):
+        state.runner_ids = ()
 
 
 def _close(group: Any, learner_group: Any, state: _Channels) -> None:

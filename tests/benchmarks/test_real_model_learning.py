@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import csv
 import math
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import benchmarks.real_model_learning as rml
+from gagpo_rllib.tools.real_model import ALFWORLD, WEBSHOP
 
 
 def _row(phase: str, iteration: int, elapsed: float, **values) -> dict:
@@ -77,3 +80,47 @@ def test_several_runs_go_to_fresh_processes_with_the_same_settings(monkeypatch, 
     assert all(c.env == "webshop" and c.minutes == 85 and c.iterations == 3 for c in children)
     assert all(c.work == str(tmp_path / "w") and c.out == str(tmp_path / "out") for c in children)
     assert (tmp_path / "out" / "README.md").exists()
+
+
+def test_recipe_changes_name_each_differing_field_nested_ones_dotted() -> None:
+    then = rml.recipe_record(WEBSHOP)
+    now = rml.recipe_record(replace(WEBSHOP, kl_coeff=0.5, warm_start=replace(WEBSHOP.warm_start, epochs=3)))
+    assert rml.recipe_changes(then, now) == [
+        f"kl_coeff {WEBSHOP.kl_coeff} -> 0.5",
+        "warm_start.epochs 1 -> 3",
+    ]
+    assert rml.recipe_changes(now, now) == []
+    assert rml.recipe_changes({"a": 1}, {}) == ["a 1 -> unset"]
+
+
+def _write_run(out: Path, stem: str, before: float, after: float) -> Path:
+    path = out / f"{stem}.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=rml.COLUMNS)
+        w.writeheader()
+        w.writerow({"phase": rml.WARM, "iteration": 0, "elapsed_s": 60.0, "seconds": 60.0})
+        w.writerow(
+            {"phase": rml.BEFORE, "iteration": 0, "elapsed_s": 90.0, "success": before, "score": before}
+        )
+        w.writerow({"phase": rml.TRAIN, "iteration": 1, "elapsed_s": 120.0, "success": 0.5, "score": 0.5})
+        w.writerow({"phase": rml.AFTER, "iteration": 1, "elapsed_s": 150.0, "success": after, "score": after})
+    return path
+
+
+def test_page_tables_runs_by_the_recipe_they_recorded(tmp_path: Path) -> None:
+    rml.write_recipe(_write_run(tmp_path, "webshop_gagpo_seed0", 0.25, 0.5), WEBSHOP)
+    earlier = replace(WEBSHOP, kl_coeff=WEBSHOP.kl_coeff + 0.5)
+    rml.write_recipe(_write_run(tmp_path, "webshop_grpo_seed0", 0.125, 0.75), earlier)
+    _write_run(tmp_path, "webshop_grpo_seed1", 0.375, 0.0)  # recorded before runs wrote their recipe
+    rml.write_recipe(_write_run(tmp_path, "alfworld_gagpo_seed0", 0.0, 0.25), ALFWORLD)
+    page = rml.render(tmp_path)
+    webshop = page[page.index("## webshop") :]
+    current, rest = webshop.split("Runs of an earlier recipe", 1)
+    assert "| GAGPO | 0 | 25.0% | 50.0% | +25.0 |" in current and "GRPO" not in current
+    changed, unrecorded = rest.split("Runs of an earlier recipe", 1)
+    assert f"kl_coeff {WEBSHOP.kl_coeff + 0.5} -> {WEBSHOP.kl_coeff}" in changed
+    assert "| GRPO | 0 | 12.5% | 75.0% | +62.5 |" in changed and "| GRPO | 1 |" not in changed
+    assert "its recipe was not recorded" in unrecorded and "| GRPO | 1 | 37.5% | 0.0% | -37.5 |" in unrecorded
+    alfworld = page[: page.index("## webshop")]
+    assert "| GAGPO | 0 | 0.0% | 25.0% | +25.0 |" in alfworld and "earlier recipe" not in alfworld
+    assert (tmp_path / "webshop.png").is_file() and (tmp_path / "alfworld.png").is_file()

@@ -87,7 +87,7 @@ def test_real_model_learning_page_is_what_render_writes(tmp_path: Path) -> None:
     import benchmarks.real_model_learning as rml
 
     name = "real_model_learning"
-    for path in (RESULTS / name).glob("*.csv"):
+    for path in [*(RESULTS / name).glob("*.csv"), *(RESULTS / name).glob("*.recipe.json")]:
         shutil.copy(path, tmp_path / path.name)
     assert rml.main(["--render", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "README.md").read_text() == (RESULTS / name / "README.md").read_text()

@@ -327,6 +327,54 @@ def test_a_failed_channel_sync_is_counted_served_by_the_object_store_and_the_cha
         algo.stop()
 
 
+@pytest.mark.parametrize("transport", ["broadcast", "ipc"])
+def test_a_runner_killed_and_restored_gets_a_new_channel_without_a_fallback(
+    ray_cluster, tiny_maze_config, monkeypatch, transport: str
+) -> None:
+    """A runner SIGKILLed between iterations comes back as a new process in no channel; RLlib's restore (through
+    the Algorithm) makes the next channel sync open new channels first, so it neither waits out the channel's
+    timeout nor falls back to the object store, and the new process holds learner 0's weights."""
+    import os
+    import signal
+
+    from gagpo_rllib.rllib import weight_sync
+
+    monkeypatch.setattr(weight_sync, "BROADCAST_TIMEOUT_S", 20.0)
+    config = (
+        tiny_maze_config(dtype="bfloat16")
+        .env_runners(num_env_runners=1)
+        .fault_tolerance(delay_between_env_runner_restarts_s=0.5)
+    )
+    algo = config.learners(weight_transport=transport).build_algo()
+    used = f"weight_sync_{transport}"
+    try:
+        group = algo.env_runner_group
+
+        def pid() -> int:
+            return group.foreach_env_runner(lambda r: os.getpid(), local_env_runner=False)[0]
+
+        assert algo.train()["gagpo"][used] == 1.0
+        old_pid, old_channel = pid(), weight_sync._GROUP_CHANNELS[group].links[0].info.name
+        os.kill(old_pid, signal.SIGKILL)
+        restored, results = 0.0, []
+        # The kill is seen by a sampling call; RLlib restores the runner in that iteration.
+        while not restored:
+            assert len(results) < 3, "the killed runner was not restored"
+            results.append(algo.train())
+            restored = results[-1]["gagpo"]["env_runners_restored"]
+        assert restored == 1.0 and pid() != old_pid
+        assert results[-1]["gagpo"][used] == 1.0 and results[-1]["gagpo"]["weight_sync_fallbacks"] == 0.0
+        assert weight_sync._GROUP_CHANNELS[group].links[0].info.name != old_channel
+        runner = group.foreach_env_runner(
+            lambda r: {k: v.clone() for k, v in r.module.model.state_dict().items()}, local_env_runner=False
+        )[0]
+        module = algo.learner_group._learner.module["default_policy"].unwrapped()
+        want = {k.removeprefix("model."): v.to(torch.bfloat16) for k, v in module.inference_tensors()}
+        assert all(torch.equal(runner[k], v) for k, v in want.items())
+    finally:
+        algo.stop()
+
+
 def test_ipc_pairs_each_runner_with_the_lowest_ranked_learner_on_its_device() -> None:
     from gagpo_rllib.rllib.weight_sync import pair_by_device
 

@@ -112,6 +112,8 @@ def test_two_iterations_of_the_recipe_take_a_step_on_the_real_model(smollm2: Pat
     assert trained, "no iteration trained: every group was uniform"
     for learner in trained:
         assert learner["first_minibatch_ratio_max_dev"] < 1e-5
+        # WebShop's KL term to the warm start: the frozen reference's log-probs were computed for the loss.
+        assert recipe.kl_coeff > 0 and "reference_cache_hit_share" in learner
     assert any(not torch.equal(before[k], after[k]) for k in before), "the weights did not change"
     for r in results:
         assert r["gagpo"]["num_episodes"] == 4 and r["gagpo"]["invalid_action_share"] == 0.0
