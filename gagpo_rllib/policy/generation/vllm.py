@@ -124,6 +124,8 @@ _FILE_ENVS = {
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
 }
 FILES_ENV = "GAGPO_VLLM_FILES"
+# A temporary files folder is named ``gagpo-vllm-<pid>-...`` after the process that made it.
+_TEMP_PREFIX = "gagpo-vllm-"
 _CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 # Prompt tokens one CPU engine step may prefill (vLLM's default), at least one whole prompt.
 _CPU_PREFILL_TOKENS = 2048
@@ -152,7 +154,8 @@ def _import_vllm() -> Any:
 def engine_files_dir(files_dir: str | Path | None = None) -> Path:
     """The one folder the engine's caches and temporary files go to, with vLLM's and torch's variables set.
 
-    ``files_dir``, else ``$GAGPO_VLLM_FILES``, else a new temporary folder removed when the process exits.
+    ``files_dir``, else ``$GAGPO_VLLM_FILES``, else a new temporary folder removed when the process exits (and,
+    for a process killed without exit hooks, e.g. a Ray actor, by the next process that makes one).
     Variables the user set already are kept.
     """
     chosen = files_dir or os.environ.get(FILES_ENV)
@@ -160,7 +163,8 @@ def engine_files_dir(files_dir: str | Path | None = None) -> Path:
         root = Path(chosen).expanduser().resolve()
         root.mkdir(parents=True, exist_ok=True)
     else:
-        root = Path(tempfile.mkdtemp(prefix="gagpo-vllm-"))
+        remove_orphaned_files_dirs()
+        root = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-"))
         atexit.register(shutil.rmtree, root, ignore_errors=True)
     os.environ.setdefault(FILES_ENV, str(root))
     for env, sub in _FILE_ENVS.items():
@@ -169,6 +173,28 @@ def engine_files_dir(files_dir: str | Path | None = None) -> Path:
             os.environ[env] = str(root / sub)
     (root / "tmp").mkdir(parents=True, exist_ok=True)
     return root
+
+
+def remove_orphaned_files_dirs() -> list[Path]:
+    """Remove the temporary files folders whose process is gone; returns them. A killed process runs no exit
+    hook (Ray kills EnvRunner actors), so each lost engine would otherwise leave its folder behind."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{_TEMP_PREFIX}*-*"):
+        pid = path.name.removeprefix(_TEMP_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _torch_default(env: str, value: str) -> bool:

@@ -101,3 +101,32 @@ def test_sleeping_engines_wake_for_the_weight_update(fake_vllm, tiny_policy_path
     backend.sleep(1)
     backend.wake_up()
     assert backend.generate(prompts, sampling=cfg, seed=0) == outs
+
+
+def test_an_engine_folder_of_a_process_that_is_gone_is_removed_by_the_next(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """A killed Ray actor runs no exit hook: the next engine files folder made removes its orphan, and only it."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from gagpo_rllib.policy.generation import vllm as vllm_backend
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for name in (vllm_backend.FILES_ENV, *vllm_backend._FILE_ENVS):
+        monkeypatch.setenv(name, "")  # recorded, so what engine_files_dir sets is undone after the test
+        monkeypatch.delenv(name)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    orphan = tmp_path / f"gagpo-vllm-{int(gone.stdout)}-abc"
+    (orphan / "tmp").mkdir(parents=True)
+    kept = [tmp_path / f"gagpo-vllm-{os.getppid()}-def", tmp_path / "gagpo-vllm-old", tmp_path / "other-1-x"]
+    for path in kept:
+        path.mkdir()
+    root = vllm_backend.engine_files_dir()
+    assert not orphan.exists() and all(path.is_dir() for path in kept)
+    assert root.parent == tmp_path and root.name.startswith(f"gagpo-vllm-{os.getpid()}-")
+    assert vllm_backend.remove_orphaned_files_dirs() == []  # this process's own folder stays
