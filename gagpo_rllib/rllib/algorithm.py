@@ -128,11 +128,13 @@ class GAGPO(Algorithm):
         """RLlib's restore, which syncs restored runners from the local runner; that one holds no weights when
         remote runners sample (``gagpo_rllib.rllib.weight_sync``), so learner 0's weights follow."""
         restored = super().restore_env_runners(env_runner_group)
-        if restored:
-            runners_left_channels(env_runner_group, list(restored))
-        if restored and self.learner_group is not None:
+        if not restored:
+            return restored
+        # New processes, in none of the group's weight channels: the next channel sync opens new ones.
+        runners_left_channels(env_runner_group, list(restored))
+        if self.learner_group is not None:
             sync_env_runners(env_runner_group, self.learner_group, worker_ids=list(restored), force=True)
-        if restored and env_runner_group is self.env_runner_group:
+        if env_runner_group is self.env_runner_group:
             # A runner lost between sampling calls (e.g. killed during the update) is only seen here.
             self.metrics.log_value(("gagpo", "env_runners_restored"), float(len(restored)), reduce="sum")
         return restored

@@ -264,6 +264,19 @@ def test_what_the_runners_load_is_the_learners_weights_in_the_rollout_dtype_bit_
         algo.stop()
 
 
+def _runner_weights(group) -> dict:
+    """The first remote runner's model weights, as it holds them."""
+    return group.foreach_env_runner(
+        lambda r: {k: v.clone() for k, v in r.module.model.state_dict().items()}, local_env_runner=False
+    )[0]
+
+
+def _learner_weights(algo) -> dict:
+    """The local learner's inference weights in bf16, named as a runner's model names them."""
+    module = algo.learner_group._learner.module["default_policy"].unwrapped()
+    return {k.removeprefix("model."): v.to(torch.bfloat16) for k, v in module.inference_tensors()}
+
+
 @pytest.mark.parametrize("transport", ["broadcast", "ipc"])
 def test_a_failed_channel_sync_is_counted_served_by_the_object_store_and_the_channel_opened_again(
     ray_cluster, tiny_maze_config, monkeypatch, transport: str
@@ -282,16 +295,6 @@ def test_a_failed_channel_sync_is_counted_served_by_the_object_store_and_the_cha
     try:
         group = algo.env_runner_group
 
-        def held(g):
-            return g.foreach_env_runner(
-                lambda r: {k: v.clone() for k, v in r.module.model.state_dict().items()},
-                local_env_runner=False,
-            )[0]
-
-        def learners():
-            module = algo.learner_group._learner.module["default_policy"].unwrapped()
-            return {k.removeprefix("model."): v.to(torch.bfloat16) for k, v in module.inference_tensors()}
-
         def leave(g):
             name = weight_sync._GROUP_CHANNELS[g].links[0].info.name
             g.foreach_env_runner(lambda r: close_channel(name), local_env_runner=False)
@@ -301,13 +304,13 @@ def test_a_failed_channel_sync_is_counted_served_by_the_object_store_and_the_cha
         result = algo.train()
         assert result["gagpo"]["weight_sync_fallbacks"] == 1.0
         assert result["gagpo"][used] == 0.0
-        runner, want = held(group), learners()
+        runner, want = _runner_weights(group), _learner_weights(algo)
         assert all(torch.equal(runner[k], v) for k, v in want.items())
 
         result = algo.train()
         assert result["gagpo"][used] == 1.0
         assert result["gagpo"]["weight_sync_fallbacks"] == 1.0  # a lifetime count
-        runner, want = held(group), learners()
+        runner, want = _runner_weights(group), _learner_weights(algo)
         assert all(torch.equal(runner[k], v) for k, v in want.items())
 
         assert weight_sync._GROUP_CHANNELS[group].failures == 0  # a success resets the count
@@ -365,11 +368,7 @@ def test_a_runner_killed_and_restored_gets_a_new_channel_without_a_fallback(
         assert restored == 1.0 and pid() != old_pid
         assert results[-1]["gagpo"][used] == 1.0 and results[-1]["gagpo"]["weight_sync_fallbacks"] == 0.0
         assert weight_sync._GROUP_CHANNELS[group].links[0].info.name != old_channel
-        runner = group.foreach_env_runner(
-            lambda r: {k: v.clone() for k, v in r.module.model.state_dict().items()}, local_env_runner=False
-        )[0]
-        module = algo.learner_group._learner.module["default_policy"].unwrapped()
-        want = {k.removeprefix("model."): v.to(torch.bfloat16) for k, v in module.inference_tensors()}
+        runner, want = _runner_weights(group), _learner_weights(algo)
         assert all(torch.equal(runner[k], v) for k, v in want.items())
     finally:
         algo.stop()
