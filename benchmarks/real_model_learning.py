@@ -101,7 +101,17 @@ def write_recipe(csv_file: Path, recipe) -> None:
 def read_recipe(csv_file: Path) -> dict | None:
     """The recipe recorded beside a run's CSV, or None where none was."""
     path = csv_file.with_suffix(".recipe.json")
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not a recipe record (JSON): {err}") from err
+    if not isinstance(record, dict):
+        raise ValueError(
+            f"{path}: a recipe record is a JSON object of the Recipe's fields, got {type(record).__name__}"
+        )
+    return record
 
 
 def recipe_changes(then: dict, now: dict, prefix: str = "") -> list[str]:

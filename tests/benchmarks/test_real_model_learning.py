@@ -124,3 +124,14 @@ def test_page_tables_runs_by_the_recipe_they_recorded(tmp_path: Path) -> None:
     alfworld = page[: page.index("## webshop")]
     assert "| GAGPO | 0 | 0.0% | 25.0% | +25.0 |" in alfworld and "earlier recipe" not in alfworld
     assert (tmp_path / "webshop.png").is_file() and (tmp_path / "alfworld.png").is_file()
+
+
+def test_a_broken_recipe_record_names_its_file(tmp_path: Path) -> None:
+    run = _write_run(tmp_path, "webshop_gagpo_seed0", 0.25, 0.5)
+    record = run.with_suffix(".recipe.json")
+    record.write_text("{not json")
+    with pytest.raises(ValueError, match="webshop_gagpo_seed0.recipe.json: not a recipe record"):
+        rml.render(tmp_path)
+    record.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="webshop_gagpo_seed0.recipe.json: a recipe record is a JSON object"):
+        rml.read_recipe(run)
