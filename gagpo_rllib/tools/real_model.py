@@ -41,7 +41,7 @@ updates in bf16 autocast (float32 masters; the old log-probs are recomputed by t
   clicking a product's options until the step limit (the page does not show which options are selected) and stop
   buying; GRPO's seed 2 did so in its last updates (held-out score 0.585 -> 0.128, docs/learning.md).
 - **WebShop: 32 held-out goals, 2 episodes each**: a score's standard error over 32 episodes is about 0.05, the size
-  of the changes to be measured (an evaluation of 32 episodes took 127-182 s, the engine's start included).
+  of the changes to be measured (an evaluation of the 64 episodes took 195-288 s, the engine's start included).
 
 ``Recipe`` holds the numbers; ``base_model``, ``warm_start``, ``train_config`` and ``held_out`` are the stages
 that ``benchmarks/real_model_learning.py`` and the tuned examples ``tuned_examples/*_smollm2.py`` run.
