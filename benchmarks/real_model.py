@@ -7,7 +7,8 @@ the share of parseable actions and the success on held-out ALFWorld games (valid
 split), then warm-starts the answer format with ``gagpo_rllib.tools.sft.finetune`` on the bundled ALFWorld walkthroughs
 and WebShop scripted purchases (train splits; a reasoning line in <think>, the action in <action>), measures
 again, and runs GAGPO iterations from the warm start on ALFWorld's train games. Each env gets its own warm start
-from the base model (bf16 autocast, ``--threads`` torch threads), sized by ``--sft-steps``.
+from the base model (bf16 autocast where the CPU has bf16 arithmetic, else float32; ``--threads`` torch threads),
+sized by ``--sft-steps``.
 
     python benchmarks/real_model.py                       # writes benchmarks/results/real_model/README.md
     python benchmarks/real_model.py --quick               # a smoke run of every stage (a few minutes)
@@ -155,6 +156,7 @@ def warm_start(base: str, args: argparse.Namespace, work: Path) -> tuple[dict[st
     with a reasoning line; the targets are the expert's real commands and typed queries (the prompt lists the
     env's own actions: WebShop's search template, never the query to copy)."""
     from gagpo_rllib import GAGPOConfig
+    from gagpo_rllib.policy.models import cpu_compute_dtype
     from gagpo_rllib.tools.demonstrations import demonstrations_for
     from gagpo_rllib.tools.env_names import resolve_env
     from gagpo_rllib.tools.sft import SFTSettings, finetune
@@ -175,7 +177,7 @@ def warm_start(base: str, args: argparse.Namespace, work: Path) -> tuple[dict[st
             max_prompt_tokens=args.max_prompt_tokens,
             constrained=False,
             think=True,
-            dtype="bfloat16",
+            dtype=cpu_compute_dtype(),
             max_train_steps=args.sft_steps,
         )
         out = work / f"sft_{env_name}"

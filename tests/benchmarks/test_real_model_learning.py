@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -124,6 +125,28 @@ def test_page_tables_runs_by_the_recipe_they_recorded(tmp_path: Path) -> None:
     alfworld = page[: page.index("## webshop")]
     assert "| GAGPO | 0 | 0.0% | 25.0% | +25.0 |" in alfworld and "earlier recipe" not in alfworld
     assert (tmp_path / "webshop.png").is_file() and (tmp_path / "alfworld.png").is_file()
+
+
+def test_runs_in_another_compute_dtype_share_their_recipe_table(tmp_path: Path) -> None:
+    """The dtype follows the CPU (bf16 only with bf16 arithmetic): a column, not another recipe. A record written
+    before the recipe had a dtype of its own ran in its warm start's."""
+    rml.write_recipe(
+        _write_run(tmp_path, "webshop_gagpo_seed0", 0.25, 0.5), replace(WEBSHOP, dtype="float32")
+    )
+    run = _write_run(tmp_path, "webshop_grpo_seed0", 0.125, 0.75)
+    rml.write_recipe(run, replace(WEBSHOP, dtype="bfloat16"))
+    record = json.loads(run.with_suffix(".recipe.json").read_text())
+    assert record["warm_start"]["dtype"] == record["dtype"] == "bfloat16"
+    del record["dtype"]
+    run.with_suffix(".recipe.json").write_text(json.dumps(record))
+    webshop = rml.render(tmp_path).split("## webshop", 1)[1]
+    assert "earlier recipe" not in webshop
+    rows = {line.split("|")[1].strip(): line for line in webshop.splitlines() if line.startswith("| G")}
+    assert rows["GAGPO"].endswith("| float32 |") and rows["GRPO"].endswith("| bfloat16 |")
+    other = rml.recipe_record(replace(WEBSHOP, dtype="float32", kl_coeff=0.5))
+    assert rml.recipe_changes(
+        rml.recipe_identity(other), rml.recipe_identity(rml.recipe_record(WEBSHOP))
+    ) == [f"kl_coeff 0.5 -> {WEBSHOP.kl_coeff}"]
 
 
 def test_a_broken_recipe_record_names_its_file(tmp_path: Path) -> None:

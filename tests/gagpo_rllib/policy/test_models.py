@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from gagpo_rllib.policy.models import (
     SPECIAL_TOKENS,
     build_tiny_policy,
+    cpu_compute_dtype,
     inputs_digest,
     load_policy,
 )
@@ -161,3 +162,19 @@ def test_cache_keyed_by_inputs_skips_the_corpus_and_rebuilds_when_they_change(tm
     assert len(calls) == 2
     tok = AutoTokenizer.from_pretrained(out)
     assert "Ġxylophone" in tok.get_vocab() and "Ġnorth" not in tok.get_vocab()
+
+
+def test_cpu_compute_dtype_is_bf16_only_where_the_cpu_computes_it(tmp_path: Path) -> None:
+    """bf16 needs AMX or AVX-512 BF16 (elsewhere torch emulates it, far slower than float32); an unreadable
+    cpuinfo means float32."""
+    cases = {
+        "flags\t\t: fpu sse2 avx2 fma avx512f avx512bw amx_bf16 amx_tile": "bfloat16",
+        "flags\t\t: fpu sse2 avx2 avx512f avx512_bf16": "bfloat16",
+        "flags\t\t: fpu sse2 avx2 fma": "float32",
+        "flags\t\t: fpu avx512f avx512_bf16x": "float32",
+    }
+    for i, (text, want) in enumerate(cases.items()):
+        info = tmp_path / f"cpuinfo{i}"
+        info.write_text(f"processor\t: 0\n{text}\n")
+        assert cpu_compute_dtype(info) == want, text
+    assert cpu_compute_dtype(tmp_path / "missing") == "float32"

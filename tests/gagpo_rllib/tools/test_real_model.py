@@ -12,6 +12,7 @@ import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from gagpo_rllib.policy.models import cpu_compute_dtype
 from gagpo_rllib.rllib.rllib_internals import local_learner
 from gagpo_rllib.tools.real_model import (
     ALFWORLD,
@@ -47,7 +48,9 @@ def test_recipes_train_where_they_evaluate_and_warm_start_in_the_rollout_format(
     assert WEBSHOP.train_env_config["split"] == "train" and WEBSHOP.held_out_split == "eval"
     for recipe in RECIPES.values():
         config = train_config(recipe, "/models/any", seed=3)
-        assert config.constrained_decoding and config.backend == "vllm" and config.dtype == "bfloat16"
+        assert config.constrained_decoding and config.backend == "vllm"
+        assert config.dtype == recipe.dtype == cpu_compute_dtype()
+        assert train_config(recipe, "/m", dtype="float32").dtype == "float32"
         assert config.history_length == recipe.history_length == recipe.warm_start.history_length
         assert config.num_env_runners == 1 and config.seed == 3
     assert train_config(ALFWORLD, "/m", estimator="grpo").estimator == "grpo"
@@ -91,7 +94,8 @@ def test_alfworld_rl_plays_generated_games_and_evaluates_on_the_bundled_held_out
 def test_two_iterations_of_the_recipe_take_a_step_on_the_real_model(smollm2: Path, tmp_path: Path) -> None:
     recipe = replace(
         WEBSHOP,
-        warm_start=replace(WEBSHOP.warm_start, max_train_steps=16, dtype="float32", heldout_fraction=0.0),
+        warm_start=replace(WEBSHOP.warm_start, max_train_steps=16, heldout_fraction=0.0),
+        dtype="float32",
         warm_start_tasks=4,
         group_size=4,
         groups_per_iteration=1,
@@ -101,7 +105,8 @@ def test_two_iterations_of_the_recipe_take_a_step_on_the_real_model(smollm2: Pat
     record = json.loads((warm / "warm_start.json").read_text())
     manifest = json.loads((warm / "sft.json").read_text())
     assert manifest["train_steps"] >= 16 and record["seconds"] > 0
-    algo = train_config(recipe, warm, seed=0, dtype="float32").build_algo()
+    assert json.loads((warm / "sft.json").read_text())["settings"]["dtype"] == "float32"
+    algo = train_config(recipe, warm, seed=0).build_algo()
     try:
         before = _weights(algo)
         results = [algo.train() for _ in range(2)]
