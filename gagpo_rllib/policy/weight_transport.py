@@ -424,3 +424,18 @@ class SharedWeights(_StreamedWeights):
         del mapped
         store.set(_done_key(self.sync, index, self.channel.rank), b"1")
         return buffer
+
+    def drain(self) -> int:
+        """As ``_StreamedWeights.drain``; where taking a bucket fails, the sender is first told to free the rest."""
+        try:
+            return super().drain()
+        except BaseException:
+            self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        """Mark every bucket not taken yet as copied, so the sender frees them now instead of waiting out the
+        channel's timeout for this receiver (its failure reaches the driver, which falls back, by other means)."""
+        for index in range(self._received + 1, len(self.buckets)):
+            with contextlib.suppress(Exception):  # a store that is gone: the sender times out as before
+                self.channel.store.set(_done_key(self.sync, index, self.channel.rank), b"1")

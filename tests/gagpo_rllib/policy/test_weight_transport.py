@@ -43,6 +43,8 @@ def _named() -> list[tuple[str, torch.Tensor]]:
 
 def _receiver(info, rank, buckets, how, out, sync=None) -> None:
     join_channel(info, rank)
+    if how == "fails":  # its plan disagrees with the sender's from bucket 1 on: taking bucket 1 raises
+        buckets = [buckets[0], buckets[1][:-1], *buckets[2:]]
     if info.backend == "ipc":
         weights = SharedWeights(info.name, buckets, sync=sync)
     else:
@@ -60,7 +62,13 @@ def _receiver(info, rank, buckets, how, out, sync=None) -> None:
             weights[list(weights)[0]]
         except RuntimeError as err:
             got = {"error": str(err)}
-    weights.drain()
+    if how == "fails":
+        try:
+            weights.drain()
+        except RuntimeError as err:
+            got = {"error": str(err)}
+    else:
+        weights.drain()
     # As bytes: a tensor put on a queue is shared through this process, which is about to exit.
     buffer = io.BytesIO()
     torch.save({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in got.items()}, buffer)
@@ -151,6 +159,18 @@ def test_shared_buckets_reach_every_receiver_bit_for_bit_and_leave_nothing_in_sh
     _check(named, hows, results, sent)
     assert results[3][0] == {}
     assert _shm_files() == []  # each bucket's file went once every receiver had copied it
+
+
+def test_a_receiver_that_fails_to_take_a_bucket_does_not_hold_the_sender_up() -> None:
+    named = _named()
+    assert len(plan_buckets(named, torch.bfloat16, bucket_bytes=8 << 10)[1]) >= 2
+    # The channel's timeout is 60 s: a sender still waiting for the failed receiver's copies raises instead.
+    results, sent = _run_channel("ipc", named, ["items", "fails"], sync=3, window=1)
+    _check(named, ["items"], results, sent)
+    got, nbytes = results[2]
+    assert "bucket 1 holds" in got["error"]
+    assert 0 < nbytes < sent  # bucket 0 only
+    assert _shm_files() == []
 
 
 def test_a_receiver_that_never_answers_times_the_sender_out_and_its_buckets_are_freed() -> None:
