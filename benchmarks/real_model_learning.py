@@ -318,6 +318,14 @@ def summary(rows: list[dict]) -> dict:
         "iterations": len(by[TRAIN]),
         # Iterations that played no episode (every try lost its EnvRunner): nothing was trained in them.
         "empty_iterations": sum(_num(r.get("episodes")) == 0 for r in by[TRAIN]),
+        # Iterations that played episodes but took no learner step: every group's rollouts got the same return
+        # (the recipe skips such groups), so no minibatch recorded a ratio.
+        "stepless_iterations": sum(
+            _num(r.get("episodes")) > 0
+            and "first_minibatch_ratio_max_dev" in r
+            and math.isnan(_num(r["first_minibatch_ratio_max_dev"]))
+            for r in by[TRAIN]
+        ),
         "warm_start_s": _num(by[WARM][0]["seconds"]) if by[WARM] else math.nan,
         "wall_s": _num(last["elapsed_s"]),
         "finished": after is not None,
@@ -428,6 +436,8 @@ def _table(env: str, runs: dict[str, list[dict]], dtypes: dict[str, str]) -> lis
             change = "-" if not s["finished"] else f"{s['score_after'] - s['score_before']:+.3f}"
             row += f" {s['score_before']:.3f} | {plain(s['score_after'], '.3f')} | {change} |"
         iterations = str(s["iterations"])
+        if s["stepless_iterations"]:
+            iterations += f" ({s['stepless_iterations']} took no step)"
         if s["empty_iterations"]:
             iterations += f" ({s['empty_iterations']} played no episode)"
         if not s["finished"]:
@@ -486,6 +496,8 @@ def render(out: Path) -> str:
             lines += ["", f"Runs of an earlier recipe ({what}):", ""] + _table(env, group, dtypes)
         lines += [
             "",
+            'Iterations: "took no step" counts those in which every group\'s rollouts got the same return '
+            "(the recipe skips such groups), so the learner had nothing to train on. "
             "Steps: the mean over training iterations of the share of steps whose state is seen once in its group, "
             "and of steps whose advantage is exactly 0 (GAGPO gives 0 to a step whose state and every later state "
             "on its path are seen once). Driver peak: the largest resident memory of the process running the "

@@ -26,11 +26,15 @@ def test_summary_reads_start_end_and_grouping_means() -> None:
         _row(rml.TRAIN, 1, 120.0, episodes="8", singleton_share="0.2", adv_zero_share="0.4"),
         _row(rml.TRAIN, 2, 130.0, episodes="0", singleton_share="nan", adv_zero_share=""),  # nothing played
         _row(rml.TRAIN, 3, 150.0, singleton_share="0.6", adv_zero_share="0.8"),
-        _row(rml.AFTER, 3, 180.0, success="0.5", score="0.75"),
+        # Played, but every rollout got the same return: no learner step, no ratio.
+        _row(rml.TRAIN, 4, 160.0, episodes="8", first_minibatch_ratio_max_dev=""),
+        _row(rml.TRAIN, 5, 170.0, episodes="8", first_minibatch_ratio_max_dev="1e-06"),
+        _row(rml.AFTER, 5, 180.0, success="0.5", score="0.75"),
     ]
     s = rml.summary(rows)
     assert (s["before"], s["after"], s["score_before"], s["score_after"]) == (0.25, 0.5, 0.5, 0.75)
-    assert (s["iterations"], s["empty_iterations"], s["warm_start_s"], s["wall_s"]) == (3, 1, 60.0, 180.0)
+    assert (s["iterations"], s["empty_iterations"], s["warm_start_s"], s["wall_s"]) == (5, 1, 60.0, 180.0)
+    assert s["stepless_iterations"] == 1
     assert s["finished"]
     assert math.isclose(s["singleton_share"], 0.4) and math.isclose(s["adv_zero_share"], 0.6)
 
