@@ -57,6 +57,9 @@ COLUMNS = (
     "driver_peak_gib",
     "runner_failures",
     "runners_restored",
+    # Where an iteration's sampling time goes: the mean episode length (env steps) and the tokens generated.
+    "episode_len",
+    "generated_tokens",
 )
 # Phases of a run's CSV, in order: the warm start (its build time), held-out before, each iteration, held-out after.
 WARM, BEFORE, TRAIN, AFTER = "warm_start", "held_out_before", "train", "held_out_after"
@@ -262,6 +265,8 @@ def run(env: str, estimator: str, seed: int, args: argparse.Namespace) -> Path:
                 driver_peak_gib=_round(peak_gib, 2),
                 runner_failures=int(g.get("runner_failures", 0)),
                 runners_restored=int(g.get("env_runners_restored", 0)),
+                episode_len=_round(g.get("episode_len_mean"), 2),
+                generated_tokens=int(g.get("generated_tokens", 0)),
             )
         if checkpoint.exists():
             shutil.rmtree(checkpoint)
