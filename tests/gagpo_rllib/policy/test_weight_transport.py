@@ -62,13 +62,12 @@ def _receiver(info, rank, buckets, how, out, sync=None) -> None:
             weights[list(weights)[0]]
         except RuntimeError as err:
             got = {"error": str(err)}
-    if how == "fails":
-        try:
-            weights.drain()
-        except RuntimeError as err:
-            got = {"error": str(err)}
-    else:
+    try:
         weights.drain()
+    except RuntimeError as err:
+        if how != "fails":
+            raise
+        got = {"error": str(err)}
     # As bytes: a tensor put on a queue is shared through this process, which is about to exit.
     buffer = io.BytesIO()
     torch.save({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in got.items()}, buffer)
