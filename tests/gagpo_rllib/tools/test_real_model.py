@@ -1,6 +1,8 @@
 """The real-model recipe end to end on the real model: SmolLM2-135M-Instruct, a short warm start, 2 iterations of
 GAGPO through the recipe's own path (vLLM CPU engine in an EnvRunner, constrained decoding, the learner in the
-driver), float32 so that the first minibatch's ratio is 1 to float32 rounding."""
+driver), float32 so that the first minibatch's ratio is 1 to float32 rounding. The engine runs eagerly: its
+compiled warm-up takes longer than this test's rollouts (133 s against ~10 s saved on a 2-core AVX2 machine), and
+the compiled engine's weight syncs are checked by tests/gagpo_rllib/rllib/test_vllm_engine_rllib.py."""
 
 from __future__ import annotations
 
@@ -106,7 +108,9 @@ def test_two_iterations_of_the_recipe_take_a_step_on_the_real_model(smollm2: Pat
     manifest = json.loads((warm / "sft.json").read_text())
     assert manifest["train_steps"] >= 16 and record["seconds"] > 0
     assert json.loads((warm / "sft.json").read_text())["settings"]["dtype"] == "float32"
-    algo = train_config(recipe, warm, seed=0).build_algo()
+    config = train_config(recipe, warm, seed=0)
+    config.env_runners(backend_kwargs={**config.backend_kwargs, "enforce_eager": True})
+    algo = config.build_algo()
     try:
         before = _weights(algo)
         results = [algo.train() for _ in range(2)]

@@ -115,6 +115,7 @@ def test_an_engine_folder_of_a_process_that_is_gone_is_removed_by_the_next(
     from gagpo_rllib.policy.generation import vllm as vllm_backend
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     for name in (vllm_backend.FILES_ENV, *vllm_backend._FILE_ENVS):
         monkeypatch.setenv(name, "")  # recorded, so what engine_files_dir sets is undone after the test
         monkeypatch.delenv(name)
@@ -130,3 +131,44 @@ def test_an_engine_folder_of_a_process_that_is_gone_is_removed_by_the_next(
     assert not orphan.exists() and all(path.is_dir() for path in kept)
     assert root.parent == tmp_path and root.name.startswith(f"gagpo-vllm-{os.getpid()}-")
     assert vllm_backend.remove_orphaned_files_dirs() == []  # this process's own folder stays
+
+
+def test_without_a_chosen_folder_the_compile_caches_outlive_the_process(
+    monkeypatch, caplog, tmp_path: Path
+) -> None:
+    """What an engine compiled is found again by the next process's engine (vLLM's and inductor's caches in the
+    user's cache folder); sockets and temporary files stay in the process's folder. A chosen folder holds all."""
+    import logging
+    import os
+    import tempfile
+
+    from gagpo_rllib.policy.generation import vllm as vllm_backend
+
+    def fresh_process_env() -> None:
+        for name in (vllm_backend.FILES_ENV, *vllm_backend._FILE_ENVS):
+            monkeypatch.setenv(name, "")  # recorded, so what engine_files_dir sets is undone after the test
+            monkeypatch.delenv(name)
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fresh_process_env()
+    root = vllm_backend.engine_files_dir()
+    caches = tmp_path / "cache" / "gagpo_rllib" / "vllm"
+    assert vllm_backend.compile_cache_dir() == caches
+    assert Path(os.environ["VLLM_CACHE_ROOT"]) == caches / "vllm-cache"
+    assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == caches / "inductor"
+    assert Path(os.environ["VLLM_RPC_BASE_PATH"]) == root / "rpc" and root.parent == tmp_path / "tmp"
+
+    fresh_process_env()
+    chosen = vllm_backend.engine_files_dir(tmp_path / "chosen")
+    assert chosen == (tmp_path / "chosen").resolve()
+    assert {Path(os.environ[name]).parent for name in vllm_backend._FILE_ENVS} == {chosen}
+
+    (tmp_path / "not_a_folder").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not_a_folder"))
+    fresh_process_env()
+    with caplog.at_level(logging.WARNING, logger=vllm_backend.__name__):
+        root = vllm_backend.engine_files_dir()
+    assert Path(os.environ["VLLM_CACHE_ROOT"]) == root / "vllm-cache"
+    assert "cannot create" in caplog.text and "not_a_folder" in caplog.text
