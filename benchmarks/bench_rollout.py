@@ -27,6 +27,13 @@ start-up, is not counted), same seeds. Prints the HF/vLLM ratio of tokens/s and 
     python benchmarks/bench_rollout.py --memory [--batch 64] [--new-tokens 256] [--before-tokens 16 32]
     python benchmarks/bench_rollout.py --vllm-memory
     python benchmarks/bench_rollout.py --backends [--tasks maze alfworld] [--iterations 4] [--seed 0]
+    python benchmarks/bench_rollout.py --engine-start [--model PATH] [--starts 3]
+
+``--engine-start``: seconds to build a vLLM engine (``VLLMGenerationBackend``, float32), ``--starts`` times in a
+fresh process each, with no files folder chosen (so the compile caches go to the user's cache folder, here a new
+``$XDG_CACHE_HOME`` per setting): with the CPU build's AOT compile cache (``VLLM_USE_AOT_COMPILE=1``, vLLM's
+default) against the backend's default (``0``), side by side, and the seconds of one batched call after each
+start. Later starts are the ones a cache can speed up.
 """
 
 from __future__ import annotations
@@ -297,6 +304,66 @@ def backends(args: argparse.Namespace) -> None:
         )
 
 
+def _engine_start_child(args: argparse.Namespace) -> None:
+    """One engine start and one call in this process; prints ``RESULT {json}``."""
+    from gagpo_rllib.policy.generation.vllm import VLLMGenerationBackend
+
+    started = time.monotonic()
+    backend = VLLMGenerationBackend(
+        args.model, dtype="float32", max_model_len=args.prompt_tokens + args.new_tokens
+    )
+    start_s = time.monotonic() - started
+    prompts = _prompts(backend.tokenizer, args.batch, args.prompt_tokens)
+    _, call_s = _run(lambda seed: _backend_generate(backend, prompts, args.new_tokens, seed), 1)
+    backend.close()
+    print("RESULT " + json.dumps({"start_s": start_s, "call_s": call_s}), flush=True)
+
+
+def engine_start(args: argparse.Namespace) -> None:
+    """AOT cache on against off, ``--starts`` fresh processes each, each setting with a cache folder of its own."""
+    work = Path(tempfile.mkdtemp(prefix="bench-engine-start-"))
+    try:
+        model = args.model or str(
+            build_tiny_policy(
+                work / "tiny", hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024
+            )
+        )
+        rows: dict[str, list[dict]] = {}
+        for name, aot in (("AOT cache (vLLM's default)", "1"), ("backend default", "0")):
+            env = {
+                k: v for k, v in os.environ.items() if k not in ("GAGPO_VLLM_FILES", "VLLM_USE_AOT_COMPILE")
+            }
+            env.update(
+                XDG_CACHE_HOME=str(work / f"cache_aot{aot}"), VLLM_USE_AOT_COMPILE=aot, PYTHONPATH=str(ROOT)
+            )
+            for _ in range(args.starts):
+                cmd = [
+                    sys.executable, __file__, "--engine-start-child", "--model", model, "--batch", str(args.batch),
+                    "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
+                ]  # fmt: skip
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+                if proc.returncode or not lines:
+                    sys.stderr.write(proc.stderr[-4000:])
+                    raise RuntimeError(f"{name}: the engine-start child failed (exit {proc.returncode})")
+                rows.setdefault(name, []).append(json.loads(lines[-1][len("RESULT ") :]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"vLLM engine start, model {args.model or 'tiny 4 x 256'}, float32, {args.starts} starts in fresh "
+        f"processes per setting; one call of {args.batch} prompts x ~{args.prompt_tokens} tokens -> "
+        f"{args.new_tokens} new tokens after each"
+    )
+    for name, runs in rows.items():
+        print(
+            f"{name:27s}: start s {_fmt([r['start_s'] for r in runs])}   call s {_fmt([r['call_s'] for r in runs])}"
+        )
+    (aot, default) = rows.values()
+    later = slice(1, None) if args.starts > 1 else slice(None)
+    ratio = np.mean([r["start_s"] for r in aot[later]]) / np.mean([r["start_s"] for r in default[later]])
+    print(f"later starts, AOT cache / backend default: {ratio:.2f} (>1: the backend's default starts faster)")
+
+
 def _fmt(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.1f}" for v in values) + "]"
 
@@ -495,6 +562,9 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend-child", nargs=2, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--engine-start", action="store_true", help="vLLM engine start, AOT cache on vs off")
+    ap.add_argument("--starts", type=int, default=3, help="engine starts per setting (--engine-start)")
+    ap.add_argument("--engine-start-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -503,6 +573,10 @@ def main() -> None:
     args.new_tokens = args.new_tokens or (256 if big else 32)
     if args.backend_child:
         _backend_child(args)
+    elif args.engine_start_child:
+        _engine_start_child(args)
+    elif args.engine_start:
+        engine_start(args)
     elif args.backends:
         backends(args)
     elif args.measure:

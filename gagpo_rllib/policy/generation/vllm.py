@@ -32,8 +32,9 @@ function are restored afterwards. The engine's caches and temporary files (``VLL
 ``VLLM_RPC_BASE_PATH``, ``TORCHINDUCTOR_CACHE_DIR``, and ``TMPDIR`` while the engine runs) go under one
 folder: ``files_dir``, else ``$GAGPO_VLLM_FILES``, else a temporary folder removed when the process exits, whose
 compile caches (vLLM's and inductor's) then live on in ``~/.cache/gagpo_rllib/vllm`` (``$XDG_CACHE_HOME``
-respected): an engine's first start compiles its model (SmolLM2-135M on a 2-core CPU: a 121 s start), a later
-start of the same model and settings, in any process, loads the result (a 43 s start; ``compile_cache_dir``).
+respected): an engine's first start compiles its model (SmolLM2-135M on a 2-core CPU: a 135 s start), a later
+start of the same model and settings, in any process, loads the result (a 44 s start; ``compile_cache_dir``;
+``python benchmarks/bench_rollout.py --engine-start --model PATH`` measures it).
 On CPU the KV cache defaults to ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) instead of a share of the machine's memory.
 
 Stop tokens and constraints
@@ -375,8 +376,8 @@ class VLLMGenerationBackend(GenerationBackend):
         if self.cpu_engine:
             os.environ.setdefault(_CPU_KV_CACHE_ENV, "1")
             # The CPU build's AOT-compiled artifacts fail to load ("'function' object has no attribute
-            # 'finalize_loading'"), so every start compiled again (SmolLM2-135M: 106 s of a 121 s start); without
-            # them inductor's own cache loads (a 28 s warm-up).
+            # 'finalize_loading'"), so every start compiled again; without them inductor's own cache loads
+            # (SmolLM2-135M's later starts: 134 s with them, 44 s without; bench_rollout.py --engine-start).
             os.environ.setdefault(_CPU_AOT_COMPILE_ENV, "0")
             # The CPU build crashes when it drops the token sampled after a partial (chunked) prefill of a seeded
             # request ("CPU Generator does not use offset"): prefill every prompt whole.
